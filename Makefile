@@ -1,0 +1,41 @@
+# kpush — targets mirror CI: `make test` is what .ci/run runs.
+SHELL := /bin/bash
+GO ?= go
+export KPUSH_TOOLS := $(CURDIR)/.tools/bin
+KPUSH_DATA ?= $(HOME)/.kpush
+
+.PHONY: all tools build dev test bench verify clean
+
+all: build
+
+## tools: build the tool binaries kpush runs beside itself (cached; see tools/build.sh)
+tools:
+	@tools/build.sh >/dev/null
+
+## build: build bin/kpush
+build:
+	$(GO) build -o bin/kpush ./cmd/kpush
+
+## dev: set up everything and run `kpush dev` (SSH 127.0.0.1:2222, apps on http://APP.localhost:8080)
+dev: tools build
+	@ls $(HOME)/.ssh/*.pub >/dev/null 2>&1 || { mkdir -p -m 700 $(HOME)/.ssh && \
+		ssh-keygen -q -t ed25519 -N '' -f $(HOME)/.ssh/id_ed25519 && \
+		echo "kpush: created the SSH key $(HOME)/.ssh/id_ed25519 for git push"; }
+	bin/kpush dev --data $(KPUSH_DATA)
+
+## test: every test, unit to end-to-end, against real git, SSH, lifecycle, registry and kube-apiserver
+test: tools
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 40m ./...
+
+## bench: benchmarks, side by side with native git where it applies
+bench: tools
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+## verify: formatting and module tidiness
+verify:
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
+	$(GO) mod tidy -diff
+
+clean:
+	rm -rf bin

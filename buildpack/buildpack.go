@@ -1,0 +1,16 @@
+// Package buildpack builds app source into OCI images with the Cloud Native Buildpacks
+// lifecycle (https://github.com/buildpacks/spec, Platform API 0.14).
+package buildpack
+
+// Request is one build.
+type Request struct {
+	App       string            // DNS-1035 app name; also names the per-app build cache
+	SourceDir string            // host directory holding the app's source tree; the runner may take ownership of it
+	Image     string            // repository to publish to, e.g. "127.0.0.1:5000/kpush/demo"; the runner picks a unique tag
+	Env       map[string]string // build-time environment, handed to buildpacks as <platform>/env/NAME files
+}
+
+// Result is a finished build.
+type Result struct {
+	Image string // the published image by digest: "<repository>@sha256:<64 hex>"
+}

@@ -1,0 +1,596 @@
+package buildpack
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"kpush.dev/kpush/internal/tools"
+)
+
+// PlatformAPI is the CNB Platform API version Local speaks to the lifecycle.
+const PlatformAPI = "0.14"
+
+// lifecyclePhases are the names the lifecycle binary answers to (it dispatches on argv[0]).
+var lifecyclePhases = []string{"creator", "detector", "analyzer", "restorer", "builder", "exporter", "rebaser", "extender"}
+
+// goEnvPassThrough are the host's `go env` settings handed to buildpacks (as platform env
+// files) when Local.GoEnv is nil, so module downloads use the same proxy as the host.
+var goEnvPassThrough = []string{"GOPROXY", "GONOPROXY", "GOPRIVATE", "GOSUMDB", "GONOSUMDB", "GOINSECURE"}
+
+// appName is a DNS-1035 label: what Request.App must be (it names a cache directory).
+var appName = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+// envName is what a build-time environment variable may be called.
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Local builds on this machine: it runs the CNB lifecycle's creator (Platform API 0.14) in a
+// bubblewrap sandbox whose root filesystem is the host's, read-only, and publishes to a
+// registry. The zero value is not usable: set DataDir. Safe for concurrent use; builds of the
+// same app wait for each other (they share a cache), also across processes.
+//
+// Sandbox layout (canonical CNB paths, so cache layers restore to the paths they were built at):
+//
+//	/usr /etc (and /bin /lib* /sbin, or their symlinks)  host's, read-only
+//	/etc/passwd, /etc/group   generated: root + cnb (1000:1000)
+//	/tmp                      tmpfs, 1777
+//	/home/cnb                 per-build, owned by the CNB user ($HOME)
+//	/workspace                Request.SourceDir, read-write, chowned to the CNB user
+//	/layers                   per-build, <DataDir>/builds/<app>-<tag>/layers
+//	/platform                 per-build, read-only: env/NAME files from Request.Env and GoEnv
+//	/cnb                      per-build, read-only: lifecycle/{lifecycle,launcher,creator,...},
+//	                          buildpacks/<id>/<version>/, order.toml, run.toml
+//	/cache                    <DataDir>/cache/<app>, read-write, kept between builds
+//	/opt/kpush/go             GoRoot, read-only
+//	network                   the host's (registries on 127.0.0.1, GOPROXY)
+type Local struct {
+	// DataDir holds per-app caches (<DataDir>/cache/<app>) and per-build scratch directories
+	// (<DataDir>/builds, removed after each build). Required.
+	DataDir string
+	// RunImage is the run image by digest. Empty: EnsureRunImage into
+	// DefaultRunImageRepository(Request.Image) on first use (per repository).
+	RunImage string
+	// GoRoot is the Go toolchain mounted at GoRootPath. Empty: `go env GOROOT` of the host.
+	GoRoot string
+	// GoEnv are build-time variables for every build (as platform env files), overridden by
+	// Request.Env. Nil: the host's `go env` values of GOPROXY, GONOPROXY, GOPRIVATE, GOSUMDB,
+	// GONOSUMDB and GOINSECURE.
+	GoEnv map[string]string
+	// RegistryUsername and RegistryPassword, if set, authenticate to the registries of
+	// Request.Image and RunImage (basic auth, handed to the lifecycle as CNB_REGISTRY_AUTH;
+	// never printed, and not visible to buildpacks).
+	RegistryUsername, RegistryPassword string
+	// InsecureRegistries are registries reached over plain HTTP besides the loopback and
+	// private addresses the lifecycle already treats so (creator -insecure-registry).
+	InsecureRegistries []string
+	// ExtraBuildpacks are added to the builder beside kpush's own (BuiltinBuildpacks). Each FS
+	// is rooted at a buildpack's directory: buildpack.toml ([buildpack] id, version), bin/detect,
+	// bin/build. Files under bin/ are made executable.
+	ExtraBuildpacks []fs.FS
+	// Order is the builder's order.toml. Nil: DefaultOrder(). It may name built-in and extra
+	// buildpacks.
+	Order []Group
+	// Log gets internal detail (phase timings, exit codes). Nil: discarded.
+	Log *slog.Logger
+
+	mu        sync.Mutex
+	appLocks  map[string]chan struct{}
+	runImages map[string]string // repository → digest ref, from EnsureRunImage
+	goRoot    string
+	goEnv     map[string]string
+}
+
+// Build builds req.SourceDir with the lifecycle's creator and publishes the image to
+// req.Image under a fresh tag "<UTC yyyymmdd-hhmmss>-<6 hex>". It streams the lifecycle's
+// and buildpacks' output to out line by line as it happens, with terminal escapes removed.
+// It takes ownership of req.SourceDir (chowns it to the CNB user, 1000:1000).
+//
+// The result names the image by the digest in the lifecycle's report.toml. Errors: an *Error
+// (errors.Is with ErrDetect, ErrBuild, ErrExport, ErrLifecycle) when the lifecycle fails, a
+// plain error for a bad request or a missing tool ("run make tools"), or ctx.Err() wrapped
+// when ctx ends (the sandbox is killed).
+func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, error) {
+	log := l.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("app", req.App)
+	if err := validateRequest(req); err != nil {
+		return Result{}, err
+	}
+	if l.DataDir == "" {
+		return Result{}, errors.New("buildpack.Local: DataDir is empty")
+	}
+	repo, err := name.NewRepository(req.Image)
+	if err != nil {
+		return Result{}, fmt.Errorf("parsing image repository %q: %w", req.Image, err)
+	}
+	bin := map[string]string{}
+	for _, t := range []string{"bwrap", "lifecycle", "launcher"} {
+		if bin[t], err = tools.Path(t); err != nil {
+			return Result{}, err
+		}
+	}
+	goRoot, goEnv, err := l.goSettings(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	runImage, err := l.runImage(ctx, req.Image)
+	if err != nil {
+		return Result{}, err
+	}
+
+	unlock, err := l.lockApp(ctx, req.App, out)
+	if err != nil {
+		return Result{}, err
+	}
+	defer unlock()
+
+	tag := newTag(time.Now())
+	build := filepath.Join(l.DataDir, "builds", req.App+"-"+tag)
+	defer func() {
+		if err := os.RemoveAll(build); err != nil {
+			log.Warn("removing build directory", "dir", build, "err", err)
+		}
+	}()
+	env := map[string]string{}
+	for k, v := range goEnv {
+		env[k] = v
+	}
+	for k, v := range req.Env {
+		env[k] = v
+	}
+	cacheDir := filepath.Join(l.DataDir, "cache", req.App)
+	if err := l.prepare(build, cacheDir, req.SourceDir, runImage, env); err != nil {
+		return Result{}, fmt.Errorf("preparing build directory: %w", err)
+	}
+
+	image := repo.Tag(tag).String()
+	args := bwrapArgs(sandbox{
+		build: build, source: req.SourceDir, cache: cacheDir, goRoot: goRoot,
+		lifecycle: bin["lifecycle"], launcher: bin["launcher"],
+	})
+	args = append(args, creatorArgs(image, l.InsecureRegistries)...)
+	cmd := exec.CommandContext(ctx, bin["bwrap"], args...)
+	cmd.Env = l.creatorEnv(req.Image, runImage)
+	sink := &lineSink{out: out}
+	stdout, stderr := &lineWriter{sink: sink}, &lineWriter{sink: sink}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+
+	t0 := time.Now()
+	log.Info("build started", "image", image, "run_image", runImage)
+	runErr := cmd.Run()
+	stdout.Flush()
+	stderr.Flush()
+	if sink.werr != nil {
+		log.Warn("writing build output", "err", sink.werr)
+	}
+	if runErr != nil {
+		if ctx.Err() != nil {
+			return Result{}, fmt.Errorf("building %s: %w", req.App, ctx.Err())
+		}
+		code := -1
+		var ee *exec.ExitError
+		if errors.As(runErr, &ee) {
+			code = ee.ExitCode()
+		}
+		e := lifecycleError(code, sink.lastError(), req.Image, runErr)
+		log.Warn("build failed", "exit_code", code, "kind", e.Kind, "detail", e.Detail, "duration", time.Since(t0))
+		return Result{}, e
+	}
+	digest, err := readReportDigest(filepath.Join(build, "layers", "report.toml"))
+	if err != nil {
+		return Result{}, &Error{Kind: ErrLifecycle, Msg: "the build finished but reported no image digest", ExitCode: 0, Err: err}
+	}
+	res := Result{Image: repo.Digest(digest).String()}
+	log.Info("build finished", "image", res.Image, "duration", time.Since(t0))
+	return res, nil
+}
+
+func validateRequest(req Request) error {
+	if !appName.MatchString(req.App) {
+		return fmt.Errorf("app name %q is not a DNS-1035 label (lower-case letters, digits, '-')", req.App)
+	}
+	if fi, err := os.Stat(req.SourceDir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("source directory %q is not a directory", req.SourceDir)
+	}
+	for k := range req.Env {
+		if !envName.MatchString(k) {
+			return fmt.Errorf("build environment variable name %q is invalid (letters, digits, '_')", k)
+		}
+	}
+	return nil
+}
+
+// newTag returns "<yyyymmdd-hhmmss UTC>-<6 hex>", unique per build.
+func newTag(now time.Time) string {
+	var b [3]byte
+	_, _ = rand.Read(b[:])
+	return now.UTC().Format("20060102-150405") + "-" + hex.EncodeToString(b[:])
+}
+
+// goSettings resolves GoRoot and GoEnv once.
+func (l *Local) goSettings(ctx context.Context) (string, map[string]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.goRoot != "" {
+		return l.goRoot, l.goEnv, nil
+	}
+	root, env := l.GoRoot, l.GoEnv
+	if root == "" || env == nil {
+		goBin, err := exec.LookPath("go")
+		if err != nil {
+			return "", nil, errors.New("the Go toolchain is not installed: install Go (https://go.dev/dl) or set the builder's GOROOT")
+		}
+		keys := append([]string{"GOROOT"}, goEnvPassThrough...)
+		outb, err := exec.CommandContext(ctx, goBin, append([]string{"env", "-json"}, keys...)...).Output()
+		if err != nil {
+			return "", nil, fmt.Errorf("running go env: %w", err)
+		}
+		var host map[string]string
+		if err := json.Unmarshal(outb, &host); err != nil {
+			return "", nil, fmt.Errorf("parsing go env: %w", err)
+		}
+		if root == "" {
+			root = host["GOROOT"]
+		}
+		if env == nil {
+			env = map[string]string{}
+			for _, k := range goEnvPassThrough {
+				if host[k] != "" {
+					env[k] = host[k]
+				}
+			}
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(root, "bin", "go")); err != nil || fi.IsDir() {
+		return "", nil, fmt.Errorf("GOROOT %q has no bin/go: set the builder's GOROOT to a Go installation", root)
+	}
+	l.goRoot, l.goEnv = root, env
+	return root, env, nil
+}
+
+// runImage returns l.RunImage, or ensures the default one for the image's registry.
+func (l *Local) runImage(ctx context.Context, image string) (string, error) {
+	if l.RunImage != "" {
+		return l.RunImage, nil
+	}
+	repo, err := DefaultRunImageRepository(image)
+	if err != nil {
+		return "", err
+	}
+	l.mu.Lock()
+	ref, ok := l.runImages[repo]
+	l.mu.Unlock()
+	if ok {
+		return ref, nil
+	}
+	var opts []RunImageOption
+	if l.RegistryUsername != "" {
+		opts = append(opts, WithRemoteOptions(remote.WithAuth(&authn.Basic{Username: l.RegistryUsername, Password: l.RegistryPassword})))
+	}
+	ref, err = EnsureRunImage(ctx, repo, opts...)
+	if err != nil {
+		return "", &Error{Kind: ErrExport, Msg: fmt.Sprintf("publishing the run image to %s failed", repo),
+			Hint: "check that the registry is running and reachable, and its credentials", ExitCode: -1, Err: err}
+	}
+	l.mu.Lock()
+	if l.runImages == nil {
+		l.runImages = map[string]string{}
+	}
+	l.runImages[repo] = ref
+	l.mu.Unlock()
+	return ref, nil
+}
+
+// lockApp serialises builds of one app: in this process with a channel (so ctx can cancel
+// the wait), across processes with flock on <DataDir>/cache/<app>.lock.
+func (l *Local) lockApp(ctx context.Context, app string, out io.Writer) (func(), error) {
+	l.mu.Lock()
+	if l.appLocks == nil {
+		l.appLocks = map[string]chan struct{}{}
+	}
+	ch, ok := l.appLocks[app]
+	if !ok {
+		ch = make(chan struct{}, 1)
+		l.appLocks[app] = ch
+	}
+	l.mu.Unlock()
+	told := false
+	tell := func() {
+		if !told {
+			fmt.Fprintf(out, "-----> Waiting for another build of %s to finish\n", app)
+			told = true
+		}
+	}
+	select {
+	case ch <- struct{}{}:
+	default:
+		tell()
+		select {
+		case ch <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for another build of %s: %w", app, ctx.Err())
+		}
+	}
+	release := func() { <-ch }
+	dir := filepath.Join(l.DataDir, "cache")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		release()
+		return nil, fmt.Errorf("creating cache directory: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, app+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		release()
+		return nil, fmt.Errorf("opening build lock: %w", err)
+	}
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			release()
+			return nil, fmt.Errorf("locking build cache: %w", err)
+		}
+		tell()
+		select {
+		case <-time.After(200 * time.Millisecond):
+		case <-ctx.Done():
+			f.Close()
+			release()
+			return nil, fmt.Errorf("waiting for another build of %s: %w", app, ctx.Err())
+		}
+	}
+	return func() { f.Close(); release() }, nil
+}
+
+// prepare creates the per-build directory tree (see Local) and the app's cache directory,
+// and chowns the source to the CNB user.
+func (l *Local) prepare(build, cacheDir, source, runImage string, env map[string]string) error {
+	for _, d := range []string{"cnb/lifecycle", "layers", "platform/env", "home", cacheDir} {
+		p := d
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(build, d)
+		}
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			return err
+		}
+	}
+	cnb := filepath.Join(build, "cnb")
+	// Mount points for the lifecycle and launcher binaries (bound read-only by bwrap).
+	for _, f := range []string{"lifecycle", "launcher"} {
+		if err := os.WriteFile(filepath.Join(cnb, "lifecycle", f), nil, 0o755); err != nil {
+			return err
+		}
+	}
+	for _, p := range lifecyclePhases {
+		if err := os.Symlink("lifecycle", filepath.Join(cnb, "lifecycle", p)); err != nil {
+			return err
+		}
+	}
+	order := l.Order
+	if order == nil {
+		order = DefaultOrder()
+	}
+	bps := append(BuiltinBuildpacks(), l.ExtraBuildpacks...)
+	if err := writeBuilder(cnb, bps, order, runImage); err != nil {
+		return err
+	}
+	for k, v := range env {
+		if err := os.WriteFile(filepath.Join(build, "platform", "env", k), []byte(v), 0o644); err != nil {
+			return err
+		}
+	}
+	passwd := fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\n%s:x:%d:%d:CNB user:/home/%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
+		CNBUser, CNBUserID, CNBGroupID, CNBUser)
+	group := fmt.Sprintf("root:x:0:\n%s:x:%d:\nnogroup:x:65534:\n", CNBUser, CNBGroupID)
+	if err := os.WriteFile(filepath.Join(build, "passwd"), []byte(passwd), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(build, "group"), []byte(group), 0o644); err != nil {
+		return err
+	}
+	if err := os.Lchown(filepath.Join(build, "home"), CNBUserID, CNBGroupID); err != nil {
+		return err
+	}
+	return filepath.WalkDir(source, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, CNBUserID, CNBGroupID)
+	})
+}
+
+// sandbox is what bwrapArgs mounts.
+type sandbox struct {
+	build     string // per-build directory (cnb/, layers/, platform/, home/, passwd, group)
+	source    string // → /workspace
+	cache     string // → /cache
+	goRoot    string // → GoRootPath
+	lifecycle string // → /cnb/lifecycle/lifecycle
+	launcher  string // → /cnb/lifecycle/launcher
+	hostRoot  string // "" = "/"; the root whose /usr, /etc, ... are bound (tests)
+}
+
+// hostDirs are the host's top-level entries bound read-only (or re-created as symlinks when
+// they are symlinks, as with merged /usr).
+var hostDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}
+
+// bwrapArgs returns bubblewrap's arguments up to the command, for the layout documented on
+// Local.
+func bwrapArgs(s sandbox) []string {
+	root := s.hostRoot
+	if root == "" {
+		root = "/"
+	}
+	a := []string{"--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		"--hostname", "kpush-build"}
+	for _, d := range hostDirs {
+		hp := filepath.Join(root, d)
+		fi, err := os.Lstat(hp)
+		switch {
+		case err != nil:
+			continue
+		case fi.Mode()&os.ModeSymlink != 0:
+			if target, err := os.Readlink(hp); err == nil {
+				a = append(a, "--symlink", target, d)
+			}
+		case fi.IsDir():
+			a = append(a, "--ro-bind", hp, d)
+		}
+	}
+	// A resolv.conf that is a symlink (systemd-resolved) points outside /etc: bind its target.
+	if fi, err := os.Lstat(filepath.Join(root, "etc/resolv.conf")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if target, err := filepath.EvalSymlinks(filepath.Join(root, "etc/resolv.conf")); err == nil && !strings.HasPrefix(target, filepath.Join(root, "etc")+"/") {
+			rel := strings.TrimPrefix(target, strings.TrimSuffix(root, "/"))
+			a = append(a, parentDirs(rel)...)
+			a = append(a, "--ro-bind", target, rel)
+		}
+	}
+	b := s.build
+	a = append(a,
+		"--ro-bind", filepath.Join(b, "passwd"), "/etc/passwd",
+		"--ro-bind", filepath.Join(b, "group"), "/etc/group",
+		"--proc", "/proc",
+		"--dev", "/dev",
+		"--perms", "1777", "--tmpfs", "/tmp",
+	)
+	// bwrap creates missing parents of mount points as 0700; the CNB user must traverse them.
+	a = append(a, parentDirs("/home/"+CNBUser)...)
+	a = append(a, "--bind", filepath.Join(b, "home"), "/home/"+CNBUser)
+	a = append(a, parentDirs(GoRootPath)...)
+	a = append(a,
+		"--ro-bind", s.goRoot, GoRootPath,
+		"--ro-bind", filepath.Join(b, "cnb"), "/cnb",
+		"--ro-bind", s.lifecycle, "/cnb/lifecycle/lifecycle",
+		"--ro-bind", s.launcher, "/cnb/lifecycle/launcher",
+		"--ro-bind", filepath.Join(b, "platform"), "/platform",
+		"--bind", filepath.Join(b, "layers"), "/layers",
+		"--bind", s.cache, "/cache",
+		"--bind", s.source, "/workspace",
+		"--chdir", "/workspace",
+		"--",
+	)
+	return a
+}
+
+// parentDirs returns bwrap arguments creating p's parent directories (not p) with mode 0755.
+func parentDirs(p string) []string {
+	var a []string
+	dir := filepath.Dir(p)
+	if dir == "/" || dir == "." {
+		return nil
+	}
+	a = append(a, parentDirs(dir)...)
+	return append(a, "--perms", "0755", "--dir", dir)
+}
+
+// creatorArgs are /cnb/lifecycle/creator and its flags (Platform API 0.14) for publishing
+// image.
+func creatorArgs(image string, insecure []string) []string {
+	a := []string{"/cnb/lifecycle/creator",
+		"-app", "/workspace",
+		"-layers", "/layers",
+		"-platform", "/platform",
+		"-buildpacks", "/cnb/buildpacks",
+		"-order", "/cnb/order.toml",
+		"-run", "/cnb/run.toml",
+		"-launcher", "/cnb/lifecycle/launcher",
+		"-cache-dir", "/cache",
+		"-report", "/layers/report.toml",
+		"-uid", strconv.Itoa(CNBUserID),
+		"-gid", strconv.Itoa(CNBGroupID),
+		"-log-level", "info",
+		"-no-color",
+		"-parallel",
+	}
+	for _, r := range insecure {
+		a = append(a, "-insecure-registry", r)
+	}
+	return append(a, image)
+}
+
+// creatorEnv is the creator's whole environment. Buildpacks see only the lifecycle's
+// allow-listed variables (PATH, HOME, proxies, ...) plus <platform>/env.
+func (l *Local) creatorEnv(images ...string) []string {
+	env := []string{
+		"PATH=" + GoRootPath + "/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME=/home/" + CNBUser,
+		"CNB_PLATFORM_API=" + PlatformAPI,
+		"CNB_USER_ID=" + strconv.Itoa(CNBUserID),
+		"CNB_GROUP_ID=" + strconv.Itoa(CNBGroupID),
+		"CNB_NO_COLOR=true",
+		"TERM=dumb",
+		"LANG=C.UTF-8",
+	}
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"} {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	if a := registryAuth(l.RegistryUsername, l.RegistryPassword, images...); a != "" {
+		env = append(env, "CNB_REGISTRY_AUTH="+a)
+	}
+	return env
+}
+
+// registryAuth returns CNB_REGISTRY_AUTH's JSON ({"host": "Basic <base64 user:pass>"}) for
+// the registries of refs, or "" without a username.
+func registryAuth(user, pass string, refs ...string) string {
+	if user == "" {
+		return ""
+	}
+	m := map[string]string{}
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"+pass))
+	for _, r := range refs {
+		if h := registryOf(r); h != "" {
+			m[h] = basic
+		}
+	}
+	b, _ := json.Marshal(m) // map[string]string always marshals; keys come out sorted
+	return string(b)
+}
+
+// readReportDigest returns the image digest ("sha256:<hex>") from the lifecycle's report.toml.
+func readReportDigest(path string) (string, error) {
+	var report struct {
+		Image struct {
+			Tags   []string `toml:"tags"`
+			Digest string   `toml:"digest"`
+		} `toml:"image"`
+	}
+	if _, err := toml.DecodeFile(path, &report); err != nil {
+		return "", fmt.Errorf("reading report.toml: %w", err)
+	}
+	d := report.Image.Digest
+	if !strings.HasPrefix(d, "sha256:") || len(d) != len("sha256:")+64 {
+		return "", fmt.Errorf("report.toml: image digest %q is not a sha256 digest", d)
+	}
+	return d, nil
+}

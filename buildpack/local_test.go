@@ -1,0 +1,512 @@
+package buildpack
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"io/fs"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"kpush.dev/kpush/internal/tools"
+)
+
+// harness is a real in-process registry on 127.0.0.1 and a Local with its own data dir.
+type harness struct {
+	reg   string // "127.0.0.1:port"
+	local *Local
+}
+
+func requireTools(tb testing.TB, names ...string) {
+	tb.Helper()
+	for _, n := range names {
+		if _, err := tools.Path(n); err != nil {
+			tb.Fatalf("tool %s missing (run make tools): %v", n, err)
+		}
+	}
+}
+
+func newHarness(tb testing.TB) *harness {
+	tb.Helper()
+	requireTools(tb, "bwrap", "lifecycle", "launcher", "busybox")
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	tb.Cleanup(srv.Close)
+	reg := strings.TrimPrefix(srv.URL, "http://")
+	if !strings.HasPrefix(reg, "127.0.0.1:") {
+		tb.Fatalf("registry listens on %s, want 127.0.0.1", reg)
+	}
+	return &harness{reg: reg, local: &Local{DataDir: tb.TempDir()}}
+}
+
+// writeTree writes files (path → content) under a new temp dir and returns it.
+func writeTree(tb testing.TB, files map[string]string) string {
+	tb.Helper()
+	dir := tb.TempDir()
+	for p, c := range files {
+		full := filepath.Join(dir, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			tb.Fatal(err)
+		}
+		mode := os.FileMode(0o644)
+		if strings.HasPrefix(p, "bin/") {
+			mode = 0o755
+		}
+		if err := os.WriteFile(full, []byte(c), mode); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return dir
+}
+
+const goMainWeb = `package main
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+)
+
+func main() {
+	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello from goapp") })
+	if err := http.ListenAndServe("127.0.0.1:"+os.Getenv("PORT"), nil); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+`
+
+func goApp(tb testing.TB) string {
+	return writeTree(tb, map[string]string{
+		"go.mod":  "module example.com/goapp\n\ngo 1.22\n",
+		"main.go": goMainWeb,
+	})
+}
+
+func (h *harness) build(tb testing.TB, app, src string, env map[string]string) (Result, string, error) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	var out bytes.Buffer
+	res, err := h.local.Build(ctx, Request{App: app, SourceDir: src, Image: h.reg + "/kpush/" + app, Env: env}, &out)
+	if testing.Verbose() {
+		tb.Logf("build output of %s:\n%s", app, out.String())
+	}
+	if strings.Contains(out.String(), "\x1b") {
+		tb.Errorf("build output contains terminal escapes")
+	}
+	return res, out.String(), err
+}
+
+var digestRef = regexp.MustCompile(`^127\.0\.0\.1:\d+/kpush/[a-z0-9-]+@sha256:[0-9a-f]{64}$`)
+
+// image fetches ref and checks what every kpush app image has.
+func checkAppImage(tb testing.TB, ref string) (v1.Image, *v1.ConfigFile) {
+	tb.Helper()
+	if !digestRef.MatchString(ref) {
+		tb.Fatalf("result image %q is not <repo>@sha256:<hex>", ref)
+	}
+	r, err := name.NewDigest(ref)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	img, err := remote.Image(r)
+	if err != nil {
+		tb.Fatalf("resolving %s in the registry: %v", ref, err)
+	}
+	if d, _ := img.Digest(); d.String() != r.DigestStr() {
+		tb.Fatalf("registry digest %s != result %s", d, r.DigestStr())
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range []string{"io.buildpacks.lifecycle.metadata", "io.buildpacks.build.metadata"} {
+		if cf.Config.Labels[l] == "" {
+			tb.Errorf("image config lacks label %s", l)
+		}
+	}
+	if got := strings.Join(cf.Config.Entrypoint, " "); got != "/cnb/process/web" {
+		tb.Errorf("entrypoint = %q, want /cnb/process/web", got)
+	}
+	return img, cf
+}
+
+// buildMetadata is the part of the io.buildpacks.build.metadata label the tests read.
+type buildMetadata struct {
+	Processes []struct {
+		Type        string   `json:"type"`
+		Command     []string `json:"command"`
+		BuildpackID string   `json:"buildpackID"`
+	} `json:"processes"`
+	Buildpacks []struct {
+		ID string `json:"id"`
+	} `json:"buildpacks"`
+}
+
+func readBuildMetadata(tb testing.TB, cf *v1.ConfigFile) buildMetadata {
+	tb.Helper()
+	var md buildMetadata
+	if err := json.Unmarshal([]byte(cf.Config.Labels["io.buildpacks.build.metadata"]), &md); err != nil {
+		tb.Fatalf("parsing io.buildpacks.build.metadata: %v", err)
+	}
+	return md
+}
+
+// fileFromImage returns the content of path (no leading slash) in img's flattened filesystem.
+func fileFromImage(tb testing.TB, img v1.Image, path string) ([]byte, *tar.Header) {
+	tb.Helper()
+	rc := mutate.Extract(img)
+	defer rc.Close()
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return nil, nil
+		}
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if strings.TrimPrefix(h.Name, "/") == path {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return b, h
+		}
+	}
+}
+
+func TestBuildGoApp(t *testing.T) {
+	h := newHarness(t)
+	src := goApp(t)
+
+	res, out, err := h.build(t, "goapp", src, nil)
+	if err != nil {
+		t.Fatalf("cold build: %v\n%s", err, out)
+	}
+	img, cf := checkAppImage(t, res.Image)
+	for _, want := range []string{"===> DETECTING", "kpush/go", "Go build cache: cold", "Building example.com/goapp (.)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("cold build output lacks %q", want)
+		}
+	}
+	md := readBuildMetadata(t, cf)
+	if len(md.Processes) != 1 || md.Processes[0].Type != "web" || md.Processes[0].BuildpackID != GoID ||
+		md.Processes[0].Command[0] != "/layers/kpush_go/app/bin/goapp" {
+		t.Errorf("processes = %+v, want web → /layers/kpush_go/app/bin/goapp from %s", md.Processes, GoID)
+	}
+
+	// The image really holds a working program: run its binary on the host (static, CGO off).
+	bin, hdr := fileFromImage(t, img, "layers/kpush_go/app/bin/goapp")
+	if bin == nil {
+		t.Fatal("image lacks layers/kpush_go/app/bin/goapp")
+	}
+	if hdr.Uid != CNBUserID && hdr.Uid != 0 {
+		t.Errorf("binary owned by uid %d", hdr.Uid)
+	}
+	checkServes(t, bin, "hello from goapp")
+
+	// Warm: same source, same app → cache layer restored, nothing recompiled, same digest.
+	src2 := goApp(t)
+	res2, out2, err := h.build(t, "goapp", src2, nil)
+	if err != nil {
+		t.Fatalf("warm build: %v\n%s", err, out2)
+	}
+	checkAppImage(t, res2.Image)
+	for _, want := range []string{`Restoring data for "kpush/go:go-cache" from cache`, "Go build cache: warm"} {
+		if !strings.Contains(out2, want) {
+			t.Errorf("warm build output lacks %q", want)
+		}
+	}
+	if res2.Image != res.Image {
+		t.Errorf("warm rebuild of identical source: digest %s, first build %s (want identical: the lifecycle normalises timestamps)", res2.Image, res.Image)
+	}
+
+	// Compile error: ErrBuild, the compiler's message in the output.
+	bad := writeTree(t, map[string]string{
+		"go.mod":  "module example.com/goapp\n\ngo 1.22\n",
+		"main.go": "package main\n\nfunc main() { nope() }\n",
+	})
+	_, out3, err := h.build(t, "goapp", bad, nil)
+	var be *Error
+	if !errors.Is(err, ErrBuild) || !errors.As(err, &be) {
+		t.Fatalf("compile error: err = %v, want ErrBuild\n%s", err, out3)
+	}
+	if be.ExitCode != 51 || be.Error() != "build failed: see the buildpack output above" {
+		t.Errorf("compile error: exit %d, message %q", be.ExitCode, be.Error())
+	}
+	if !strings.Contains(out3, "undefined: nope") {
+		t.Errorf("compile error output lacks the compiler's message:\n%s", out3)
+	}
+}
+
+// checkServes runs an app binary on the host with $PORT and expects body at /.
+func checkServes(t *testing.T, bin []byte, body string) {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "app")
+	if err := os.WriteFile(p, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cmd := exec.Command(p)
+	cmd.Env = []string{"PORT=" + strconv.Itoa(port)}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(b), body) {
+				t.Errorf("app answered %q, want %q", b, body)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("app never answered: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestBuildProcfileApp(t *testing.T) {
+	h := newHarness(t)
+	src := writeTree(t, map[string]string{
+		"Procfile":          "# comment\nweb: busybox httpd -f -p $PORT -h public\r\nworker: echo \"quoted\" \\ back\n",
+		"public/index.html": "hello\n",
+	})
+	res, out, err := h.build(t, "procapp", src, nil)
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	img, cf := checkAppImage(t, res.Image)
+	md := readBuildMetadata(t, cf)
+	want := map[string]string{
+		"web":    "busybox httpd -f -p $PORT -h public",
+		"worker": `echo "quoted" \ back`,
+	}
+	if len(md.Processes) != len(want) {
+		t.Fatalf("processes = %+v, want %v", md.Processes, want)
+	}
+	for _, p := range md.Processes {
+		if got := strings.Join(p.Command, "|"); got != "/bin/sh|-c|"+want[p.Type] || p.BuildpackID != ProcfileID {
+			t.Errorf("process %s: command %q from %s, want /bin/sh -c %q", p.Type, p.Command, p.BuildpackID, want[p.Type])
+		}
+	}
+	if b, _ := fileFromImage(t, img, "workspace/public/index.html"); string(b) != "hello\n" {
+		t.Errorf("workspace/public/index.html = %q", b)
+	}
+	if b, _ := fileFromImage(t, img, "bin/busybox"); len(b) == 0 {
+		t.Errorf("app image lacks the run image's /bin/busybox")
+	}
+}
+
+func TestBuildGoAppWithProcfileOverridesWeb(t *testing.T) {
+	h := newHarness(t)
+	src := writeTree(t, map[string]string{
+		"go.mod":   "module example.com/both\n\ngo 1.22\n",
+		"main.go":  "package main\n\nfunc main() {}\n",
+		"Procfile": "web: /layers/kpush_go/app/bin/both --flag\n",
+	})
+	res, out, err := h.build(t, "both", src, nil)
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	_, cf := checkAppImage(t, res.Image)
+	md := readBuildMetadata(t, cf)
+	var ids []string
+	for _, b := range md.Buildpacks {
+		ids = append(ids, b.ID)
+	}
+	if strings.Join(ids, ",") != GoID+","+ProcfileID {
+		t.Errorf("buildpacks = %v, want [%s %s]", ids, GoID, ProcfileID)
+	}
+	if len(md.Processes) != 1 || md.Processes[0].BuildpackID != ProcfileID {
+		t.Errorf("processes = %+v, want one web from %s", md.Processes, ProcfileID)
+	}
+}
+
+func TestBuildNothingDetectable(t *testing.T) {
+	h := newHarness(t)
+	src := writeTree(t, map[string]string{"README.md": "nothing to build\n"})
+	_, out, err := h.build(t, "empty", src, nil)
+	var e *Error
+	if !errors.Is(err, ErrDetect) || !errors.As(err, &e) {
+		t.Fatalf("err = %v, want ErrDetect\n%s", err, out)
+	}
+	if e.ExitCode != 20 || e.Error() != "no buildpack could build this app" || !strings.Contains(e.Hint, "go.mod") {
+		t.Errorf("detect error: exit %d, msg %q, hint %q", e.ExitCode, e.Error(), e.Hint)
+	}
+	if errors.Is(err, ErrBuild) || errors.Is(err, ErrExport) {
+		t.Errorf("detect error also matches another kind")
+	}
+}
+
+func TestBuildEnvReachesBuildpacksNotImage(t *testing.T) {
+	h := newHarness(t)
+	probe := writeTree(t, map[string]string{
+		"buildpack.toml": "api = \"0.10\"\n[buildpack]\nid = \"test/probe\"\nversion = \"0.0.1\"\n[[targets]]\nos = \"linux\"\n",
+		"bin/detect":     "#!/bin/sh\nexit 0\n",
+		"bin/build": "#!/bin/sh\nset -eu\n" +
+			"echo \"probe env: KPUSH_PROBE=${KPUSH_PROBE:-unset}\"\n" +
+			"echo \"probe file: $(cat \"$2/env/KPUSH_PROBE\")\"\n" +
+			"echo \"probe registry auth: ${CNB_REGISTRY_AUTH:-unset}\"\n",
+	})
+	h.local.ExtraBuildpacks = append(h.local.ExtraBuildpacks, os.DirFS(probe))
+	h.local.Order = []Group{{{ID: ProcfileID}, {ID: "test/probe"}}}
+	src := writeTree(t, map[string]string{"Procfile": "web: sleep 1000\n"})
+	res, out, err := h.build(t, "probe", src, map[string]string{"KPUSH_PROBE": "s3cret-value"})
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	for _, want := range []string{"probe env: KPUSH_PROBE=s3cret-value", "probe file: s3cret-value", "probe registry auth: unset"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	img, cf := checkAppImage(t, res.Image)
+	for _, e := range cf.Config.Env {
+		if strings.HasPrefix(e, "KPUSH_PROBE=") {
+			t.Errorf("image config env has %s", e)
+		}
+	}
+	raw, err := img.RawConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(raw, []byte("s3cret-value")) {
+		t.Errorf("image config contains the build-time value")
+	}
+}
+
+func TestBuildRegistryCredentialsNotPrinted(t *testing.T) {
+	h := newHarness(t)
+	h.local.RegistryUsername, h.local.RegistryPassword = "user", "hunter2-password"
+	src := writeTree(t, map[string]string{"Procfile": "web: sleep 1000\n"})
+	// ggcr's registry ignores credentials: the build succeeds and the password must not show.
+	_, out, err := h.build(t, "creds", src, nil)
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "hunter2-password") || strings.Contains(out, "aHVudGVyMi") {
+		t.Errorf("output contains the registry password")
+	}
+}
+
+func TestBuildRegistryDown(t *testing.T) {
+	h := newHarness(t)
+	src := writeTree(t, map[string]string{"Procfile": "web: sleep 1000\n"})
+	// Run image pushed first, then the registry for the app image is a closed port.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	ref, err := EnsureRunImage(context.Background(), h.reg+"/kpush/kpush.run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.local.RunImage = ref
+	var out bytes.Buffer
+	_, err = h.local.Build(context.Background(), Request{App: "down", SourceDir: src, Image: dead + "/kpush/down"}, &out)
+	if !errors.Is(err, ErrExport) {
+		t.Fatalf("err = %v, want ErrExport\n%s", err, out.String())
+	}
+	t.Logf("error for people: %v", err)
+	if !strings.Contains(err.Error(), dead) {
+		t.Errorf("error %q does not name the registry", err)
+	}
+}
+
+func TestBuildCancel(t *testing.T) {
+	h := newHarness(t)
+	probe := writeTree(t, map[string]string{
+		"buildpack.toml": "api = \"0.10\"\n[buildpack]\nid = \"test/slow\"\nversion = \"0.0.1\"\n[[targets]]\nos = \"linux\"\n",
+		"bin/detect":     "#!/bin/sh\nexit 0\n",
+		"bin/build":      "#!/bin/sh\necho slow build started\nsleep 600\n",
+	})
+	h.local.ExtraBuildpacks = []fs.FS{os.DirFS(probe)}
+	h.local.Order = []Group{{{ID: "test/slow"}}}
+	src := writeTree(t, map[string]string{"x": "y"})
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.local.Build(ctx, Request{App: "slow", SourceDir: src, Image: h.reg + "/kpush/slow"}, pw)
+		pw.Close()
+		done <- err
+	}()
+	buf := make([]byte, 0, 4096)
+	tmp := make([]byte, 4096)
+	for !bytes.Contains(buf, []byte("slow build started")) {
+		n, err := pr.Read(tmp)
+		if err != nil {
+			t.Fatalf("output ended before the build started: %v\n%s", err, buf)
+		}
+		buf = append(buf, tmp[:n]...)
+	}
+	t0 := time.Now()
+	cancel()
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("err = %v, want context.Canceled", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("build still running 30 s after cancel")
+	}
+	t.Logf("cancel took %v", time.Since(t0))
+}
+
+// BenchmarkBuildWarm measures a rebuild of an unchanged Go web app with a warm cache:
+// sandbox set-up, the lifecycle's five phases, a no-op `go build` and the export to an
+// in-process registry.
+func BenchmarkBuildWarm(b *testing.B) {
+	h := newHarness(b)
+	src := goApp(b)
+	req := Request{App: "bench", SourceDir: src, Image: h.reg + "/kpush/bench"}
+	var out bytes.Buffer
+	first, err := h.local.Build(context.Background(), req, &out)
+	if err != nil {
+		b.Fatalf("cold build: %v\n%s", err, out.String())
+	}
+	for b.Loop() {
+		out.Reset()
+		res, err := h.local.Build(context.Background(), req, &out)
+		if err != nil {
+			b.Fatalf("warm build: %v\n%s", err, out.String())
+		}
+		if res.Image != first.Image {
+			b.Fatalf("warm build digest %s != %s", res.Image, first.Image)
+		}
+	}
+}

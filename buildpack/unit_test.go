@@ -1,0 +1,480 @@
+package buildpack
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+func TestLifecycleError(t *testing.T) {
+	tests := []struct {
+		code     int
+		detail   string
+		kind     error
+		msg      string
+		wantHint bool
+	}{
+		{20, "failed to detect: no buildpacks participating", ErrDetect, "no buildpack could build this app", true},
+		{21, "", ErrDetect, "no buildpack could build this app (a buildpack's detect step failed with an error, see above)", true},
+		{51, "failed to build: exit status 1", ErrBuild, "build failed: see the buildpack output above", false},
+		{52, "", ErrBuild, "build failed: see the buildpack output above", false},
+		{32, "boom", ErrExport, "publishing the image to r/x failed: boom", true},
+		{62, "failed to export: saving image", ErrExport, "publishing the image to r/x failed: failed to export: saving image", true},
+		{1, "failed to initialize analyzer: validating registry read access", ErrExport, "publishing the image to r/x failed: failed to initialize analyzer: validating registry read access", true},
+		{42, "untar", ErrLifecycle, "restoring the build cache failed: untar", true},
+		{11, "incompatible platform API", ErrLifecycle, "the build system failed (lifecycle exit code 11): incompatible platform API", false},
+		{-1, "", ErrLifecycle, "the build system failed (lifecycle exit code -1)", false},
+	}
+	for _, tt := range tests {
+		cause := errors.New("exit status")
+		e := lifecycleError(tt.code, tt.detail, "r/x", cause)
+		if !errors.Is(e, tt.kind) {
+			t.Errorf("code %d: kind %v, want %v", tt.code, e.Kind, tt.kind)
+		}
+		if !errors.Is(e, cause) {
+			t.Errorf("code %d: cause not reachable with errors.Is", tt.code)
+		}
+		if e.Error() != tt.msg {
+			t.Errorf("code %d: msg %q, want %q", tt.code, e.Error(), tt.msg)
+		}
+		if (e.Hint != "") != tt.wantHint {
+			t.Errorf("code %d: hint %q, want hint: %v", tt.code, e.Hint, tt.wantHint)
+		}
+		for _, other := range []error{ErrDetect, ErrBuild, ErrExport, ErrLifecycle} {
+			if other != tt.kind && errors.Is(e, other) {
+				t.Errorf("code %d: also matches %v", tt.code, other)
+			}
+		}
+	}
+}
+
+func TestLineWriter(t *testing.T) {
+	tests := []struct {
+		name    string
+		writes  []string
+		want    string
+		lastErr string
+	}{
+		{"lines", []string{"a\nb\n"}, "a\nb\n", ""},
+		{"split across writes", []string{"hel", "lo\nwor", "ld"}, "hello\nworld\n", ""},
+		{"crlf", []string{"a\r\nb\r", "\nc"}, "a\nb\nc\n", ""},
+		{"progress carriage returns", []string{"10%\r20%\r", "done\n"}, "10%\n20%\ndone\n", ""},
+		{"colours and cursor", []string{"\x1b[31;1mred\x1b[0m \x1b[2K\x1b[1Agone\n"}, "red gone\n", ""},
+		{"osc title", []string{"\x1b]0;title\x07text\n"}, "text\n", ""},
+		{"control chars kept tab", []string{"a\tb\x00c\x07\n"}, "a\tbc\n", ""},
+		{"empty lines kept", []string{"\n\n"}, "\n\n", ""},
+		{"last error", []string{"ERROR: one\nok\nERROR: failed to export: x\n"}, "ERROR: one\nok\nERROR: failed to export: x\n", "failed to export: x"},
+		{"no newline at end", []string{"tail\r"}, "tail\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			s := &lineSink{out: &out}
+			w := &lineWriter{sink: s}
+			for _, p := range tt.writes {
+				if n, err := w.Write([]byte(p)); n != len(p) || err != nil {
+					t.Fatalf("Write = %d, %v", n, err)
+				}
+			}
+			w.Flush()
+			if out.String() != tt.want {
+				t.Errorf("out = %q, want %q", out.String(), tt.want)
+			}
+			if s.lastError() != tt.lastErr {
+				t.Errorf("lastError = %q, want %q", s.lastError(), tt.lastErr)
+			}
+		})
+	}
+}
+
+func TestLineWriterLongLine(t *testing.T) {
+	var out bytes.Buffer
+	w := &lineWriter{sink: &lineSink{out: &out}}
+	w.Write(bytes.Repeat([]byte("x"), 3*maxLine+5))
+	w.Write([]byte("\n"))
+	lines := strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
+	if len(lines) != 4 || len(lines[0]) != maxLine || len(lines[3]) != 5 {
+		t.Errorf("got %d lines, first %d bytes", len(lines), len(lines[0]))
+	}
+}
+
+func TestRenderOrder(t *testing.T) {
+	versions := map[string]string{GoID: "0.1.0", ProcfileID: "0.1.0", "test/probe": "0.0.1"}
+	tests := []struct {
+		name    string
+		order   []Group
+		want    string
+		wantErr string
+	}{
+		{"default", DefaultOrder(),
+			"[[order]]\n\n  [[order.group]]\n    id = \"kpush/go\"\n    version = \"0.1.0\"\n\n  [[order.group]]\n    id = \"kpush/procfile\"\n    version = \"0.1.0\"\n    optional = true\n\n[[order]]\n\n  [[order.group]]\n    id = \"kpush/procfile\"\n    version = \"0.1.0\"\n", ""},
+		{"unknown buildpack", []Group{{{ID: "nope/x"}}}, "", `order names buildpack "nope/x"`},
+		{"wrong version", []Group{{{ID: GoID, Version: "9"}}}, "", "builder has version 0.1.0"},
+		{"empty", []Group{}, "", "order is empty"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := renderOrder(tt.order, versions)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tt.want {
+				t.Errorf("order.toml =\n%s\nwant\n%s", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestWriteBuilder(t *testing.T) {
+	dir := t.TempDir()
+	if err := writeBuilder(dir, BuiltinBuildpacks(), DefaultOrder(), "r/run@sha256:abc"); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{"kpush_go/0.1.0/bin/build", "kpush_go/0.1.0/bin/detect", "kpush_procfile/0.1.0/bin/build", "kpush_procfile/0.1.0/bin/detect"} {
+		fi, err := os.Stat(filepath.Join(dir, "buildpacks", p))
+		if err != nil || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s: %v, mode %v; want 0755", p, err, fi)
+		}
+	}
+	fi, err := os.Stat(filepath.Join(dir, "buildpacks", "kpush_go", "0.1.0", "buildpack.toml"))
+	if err != nil || fi.Mode().Perm() != 0o644 {
+		t.Errorf("buildpack.toml: %v %v", err, fi)
+	}
+	var run struct {
+		Images []struct{ Image string } `toml:"images"`
+	}
+	if _, err := toml.DecodeFile(filepath.Join(dir, "run.toml"), &run); err != nil || len(run.Images) != 1 || run.Images[0].Image != "r/run@sha256:abc" {
+		t.Errorf("run.toml = %+v, %v", run, err)
+	}
+	// Descriptors of the built-in buildpacks use Buildpack API 0.10.
+	for _, bp := range BuiltinBuildpacks() {
+		d, err := readDescriptor(bp)
+		if err != nil || d.API != "0.10" {
+			t.Errorf("descriptor %+v, %v; want api 0.10", d, err)
+		}
+	}
+	if err := writeBuilder(t.TempDir(), []fs.FS{os.DirFS(t.TempDir())}, nil, "x"); err == nil {
+		t.Errorf("a buildpack without buildpack.toml was accepted")
+	}
+}
+
+func TestDefaultRunImageRepository(t *testing.T) {
+	tests := map[string]string{
+		"127.0.0.1:5000/kpush/demo": "127.0.0.1:5000/kpush/kpush.run",
+		"127.0.0.1:5000/demo":       "127.0.0.1:5000/kpush.run",
+		"reg.example/a/b/demo":      "reg.example/a/b/kpush.run",
+	}
+	for in, want := range tests {
+		got, err := DefaultRunImageRepository(in)
+		if err != nil || got != want {
+			t.Errorf("DefaultRunImageRepository(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := DefaultRunImageRepository("UPPER/case"); err == nil {
+		t.Errorf("invalid repository accepted")
+	}
+}
+
+func TestRegistryAuth(t *testing.T) {
+	if got := registryAuth("", "pw", "127.0.0.1:5000/a"); got != "" {
+		t.Errorf("no user: %q", got)
+	}
+	got := registryAuth("u", "p:w", "127.0.0.1:5000/kpush/a", "127.0.0.1:5000/kpush/kpush.run@sha256:"+strings.Repeat("a", 64), "reg.example/x")
+	var m map[string]string
+	if err := json.Unmarshal([]byte(got), &m); err != nil {
+		t.Fatal(err)
+	}
+	basic := "Basic " + base64.StdEncoding.EncodeToString([]byte("u:p:w"))
+	if len(m) != 2 || m["127.0.0.1:5000"] != basic || m["reg.example"] != basic {
+		t.Errorf("CNB_REGISTRY_AUTH = %s", got)
+	}
+}
+
+func TestBwrapArgs(t *testing.T) {
+	root := t.TempDir()
+	for _, d := range []string{"usr/bin", "usr/lib", "etc"} {
+		os.MkdirAll(filepath.Join(root, d), 0o755)
+	}
+	os.Symlink("usr/bin", filepath.Join(root, "bin"))
+	os.Symlink("usr/lib", filepath.Join(root, "lib"))
+	os.MkdirAll(filepath.Join(root, "run/resolve"), 0o755)
+	os.WriteFile(filepath.Join(root, "run/resolve/resolv.conf"), nil, 0o644)
+	os.Symlink("../run/resolve/resolv.conf", filepath.Join(root, "etc/resolv.conf"))
+
+	a := strings.Join(bwrapArgs(sandbox{build: "/b", source: "/src", cache: "/c", goRoot: "/go", lifecycle: "/t/lifecycle", launcher: "/t/launcher", hostRoot: root}), " ")
+	for _, want := range []string{
+		"--ro-bind " + root + "/usr /usr",
+		"--symlink usr/bin /bin",
+		"--symlink usr/lib /lib",
+		"--ro-bind " + root + "/etc /etc",
+		"--perms 0755 --dir /run --perms 0755 --dir /run/resolve --ro-bind " + root + "/run/resolve/resolv.conf /run/resolve/resolv.conf",
+		"--ro-bind /b/passwd /etc/passwd",
+		"--ro-bind /b/group /etc/group",
+		"--perms 1777 --tmpfs /tmp",
+		"--perms 0755 --dir /home --bind /b/home /home/cnb",
+		"--perms 0755 --dir /opt --perms 0755 --dir /opt/kpush --ro-bind /go /opt/kpush/go",
+		"--ro-bind /b/cnb /cnb --ro-bind /t/lifecycle /cnb/lifecycle/lifecycle --ro-bind /t/launcher /cnb/lifecycle/launcher",
+		"--ro-bind /b/platform /platform",
+		"--bind /b/layers /layers",
+		"--bind /c /cache",
+		"--bind /src /workspace",
+	} {
+		if !strings.Contains(a, want) {
+			t.Errorf("bwrap args lack %q:\n%s", want, a)
+		}
+	}
+	for _, bad := range []string{"--unshare-net", "--unshare-all", "/sbin", "/lib64"} {
+		if strings.Contains(a, bad) {
+			t.Errorf("bwrap args contain %q", bad)
+		}
+	}
+	if !strings.HasSuffix(a, " --") {
+		t.Errorf("bwrap args do not end with --")
+	}
+}
+
+func TestCreatorArgs(t *testing.T) {
+	a := strings.Join(creatorArgs("r/app:tag", []string{"reg:5000"}), " ")
+	for _, want := range []string{"/cnb/lifecycle/creator ", "-run /cnb/run.toml", "-cache-dir /cache", "-uid 1000 -gid 1000", "-no-color", "-insecure-registry reg:5000", "-report /layers/report.toml"} {
+		if !strings.Contains(a, want) {
+			t.Errorf("creator args lack %q: %s", want, a)
+		}
+	}
+	if !strings.HasSuffix(a, " r/app:tag") {
+		t.Errorf("image not last: %s", a)
+	}
+	env := strings.Join((&Local{RegistryUsername: "u", RegistryPassword: "p"}).creatorEnv("r:1/a"), "\n")
+	for _, want := range []string{"CNB_PLATFORM_API=0.14", "CNB_USER_ID=1000", "CNB_GROUP_ID=1000", "CNB_NO_COLOR=true", "CNB_REGISTRY_AUTH={\"r:1\":"} {
+		if !strings.Contains(env, want) {
+			t.Errorf("creator env lacks %q", want)
+		}
+	}
+}
+
+func TestReadReportDigest(t *testing.T) {
+	dir := t.TempDir()
+	good := "sha256:" + strings.Repeat("ab", 32)
+	tests := []struct {
+		report, want string
+	}{
+		{"[image]\ntags = [\"r/a:t\"]\ndigest = \"" + good + "\"\nmanifest-size = 1\n", good},
+		{"[image]\ndigest = \"sha256:short\"\n", ""},
+		{"[build]\n", ""},
+		{"not toml [", ""},
+	}
+	for i, tt := range tests {
+		p := filepath.Join(dir, "r.toml")
+		os.WriteFile(p, []byte(tt.report), 0o644)
+		got, err := readReportDigest(p)
+		if got != tt.want || (tt.want == "") != (err != nil) {
+			t.Errorf("case %d: %q, %v; want %q", i, got, err, tt.want)
+		}
+	}
+	if _, err := readReportDigest(filepath.Join(dir, "missing")); err == nil {
+		t.Errorf("missing report accepted")
+	}
+}
+
+func TestValidateRequest(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		req     Request
+		wantErr string
+	}{
+		{Request{App: "demo", SourceDir: dir}, ""},
+		{Request{App: "demo-2", SourceDir: dir, Env: map[string]string{"GOFLAGS": "-x", "_a1": ""}}, ""},
+		{Request{App: "Demo", SourceDir: dir}, "DNS-1035"},
+		{Request{App: "../x", SourceDir: dir}, "DNS-1035"},
+		{Request{App: "", SourceDir: dir}, "DNS-1035"},
+		{Request{App: "demo", SourceDir: filepath.Join(dir, "nope")}, "not a directory"},
+		{Request{App: "demo", SourceDir: dir, Env: map[string]string{"../x": "y"}}, "invalid"},
+		{Request{App: "demo", SourceDir: dir, Env: map[string]string{"A=B": "y"}}, "invalid"},
+	}
+	for _, tt := range tests {
+		err := validateRequest(tt.req)
+		if (tt.wantErr == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tt.wantErr) {
+			t.Errorf("%+v: err = %v, want %q", tt.req, err, tt.wantErr)
+		}
+	}
+}
+
+func TestNewTag(t *testing.T) {
+	now := time.Date(2026, 11, 30, 5, 6, 7, 0, time.UTC)
+	a, b := newTag(now), newTag(now)
+	if !regexp.MustCompile(`^20261130-050607-[0-9a-f]{6}$`).MatchString(a) || a == b {
+		t.Errorf("tags %q %q", a, b)
+	}
+}
+
+// runBuildpackScript runs a built-in buildpack's bin/build on the host (as the lifecycle
+// would: cwd = app, args = layers platform plan) and returns the layers dir and output.
+func runBuildpackScript(t *testing.T, bp string, app string, env []string) (string, string, error) {
+	t.Helper()
+	bpDir := t.TempDir()
+	for _, fsys := range BuiltinBuildpacks() {
+		d, _ := readDescriptor(fsys)
+		if d.Buildpack.ID == bp {
+			if err := copyFS(bpDir, fsys); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	layers := t.TempDir()
+	cmd := exec.Command(filepath.Join(bpDir, "bin", "build"), layers, t.TempDir(), filepath.Join(t.TempDir(), "plan.toml"))
+	cmd.Dir = app
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	return layers, string(out), err
+}
+
+type launchTOML struct {
+	Processes []struct {
+		Type    string   `toml:"type"`
+		Command []string `toml:"command"`
+		Default bool     `toml:"default"`
+	} `toml:"processes"`
+}
+
+func readLaunch(t *testing.T, layers string) launchTOML {
+	t.Helper()
+	var l launchTOML
+	if _, err := toml.DecodeFile(filepath.Join(layers, "launch.toml"), &l); err != nil {
+		t.Fatalf("launch.toml: %v", err)
+	}
+	return l
+}
+
+func TestProcfileBuildpackScript(t *testing.T) {
+	tests := []struct {
+		name     string
+		procfile string
+		want     []string // "type|command|default"
+		wantErr  string
+	}{
+		{"web", "web: ./server --port $PORT\n", []string{"web|./server --port $PORT|true"}, ""},
+		{"crlf comments blanks", "# c\r\n\r\nweb:  a  \r\nworker:b\r\n", []string{"web|a|true", "worker|b|false"}, ""},
+		{"no final newline", "web: a", []string{"web|a|true"}, ""},
+		{"quotes and backslashes", `web: echo "hi" \n 'x'` + "\n", []string{`web|echo "hi" \n 'x'|true`}, ""},
+		{"colon in command", "web: curl http://x:80/\n", []string{"web|curl http://x:80/|true"}, ""},
+		{"repeated type keeps first", "web: a\nweb: b\n", []string{"web|a|true"}, ""},
+		{"invalid lines skipped", "no colon\nbad type!: x\nempty:\nweb: ok\n", []string{"web|ok|true"}, ""},
+		{"nothing usable", "# only a comment\n", nil, "declares no processes"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			app := writeTree(t, map[string]string{"Procfile": tt.procfile})
+			layers, out, err := runBuildpackScript(t, ProcfileID, app, nil)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(out, tt.wantErr) {
+					t.Fatalf("err = %v, out %q; want failure with %q", err, out, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			var got []string
+			for _, p := range readLaunch(t, layers).Processes {
+				if len(p.Command) != 3 || p.Command[0] != "/bin/sh" || p.Command[1] != "-c" {
+					t.Fatalf("command %q, want /bin/sh -c …", p.Command)
+				}
+				got = append(got, p.Type+"|"+p.Command[2]+"|"+map[bool]string{true: "true", false: "false"}[p.Default])
+			}
+			if strings.Join(got, "\n") != strings.Join(tt.want, "\n") {
+				t.Errorf("processes\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tt.want, "\n"))
+			}
+		})
+	}
+}
+
+func TestGoBuildpackScriptMainPackage(t *testing.T) {
+	if _, err := exec.LookPath("go"); err != nil {
+		t.Fatal("go not on PATH")
+	}
+	gocache := t.TempDir() // shared, so only the first case compiles the runtime
+	main := "package main\n\nfunc main() {}\n"
+	lib := "package lib\n"
+	tests := []struct {
+		name    string
+		files   map[string]string
+		wantBin string // binary name under layers/app/bin
+		wantPkg string
+		wantErr string
+	}{
+		{"root main", map[string]string{"go.mod": "module example.com/demo\n", "main.go": main}, "demo", "(.)", ""},
+		{"cmd/<base>", map[string]string{"go.mod": "module example.com/demo\n", "lib.go": lib, "cmd/demo/main.go": main, "cmd/other/main.go": main}, "demo", "(./cmd/demo)", ""},
+		{"v2 module base", map[string]string{"go.mod": "module example.com/demo/v2\n", "lib.go": lib, "cmd/demo/main.go": main}, "demo", "(./cmd/demo)", ""},
+		{"only cmd main", map[string]string{"go.mod": "module example.com/demo\n", "lib.go": lib, "cmd/server/main.go": main, "cmd/tool/lib.go": "package tool\n"}, "server", "(./cmd/server)", ""},
+		{"two cmd mains", map[string]string{"go.mod": "module example.com/demo\n", "lib.go": lib, "cmd/a/main.go": main, "cmd/b/main.go": main}, "", "", "no main package to build"},
+		{"library only", map[string]string{"go.mod": "module example.com/demo\n", "lib.go": lib}, "", "", "no main package to build"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			app := writeTree(t, tt.files)
+			layers, out, err := runGoScript(t, app, gocache)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(out, tt.wantErr) {
+					t.Fatalf("err = %v; want failure with %q\n%s", err, tt.wantErr, out)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if !strings.Contains(out, tt.wantPkg) {
+				t.Errorf("output lacks %q:\n%s", tt.wantPkg, out)
+			}
+			bin := filepath.Join(layers, "app", "bin", tt.wantBin)
+			if fi, err := os.Stat(bin); err != nil || fi.Mode()&0o111 == 0 {
+				t.Errorf("binary %s: %v", bin, err)
+			}
+			l := readLaunch(t, layers)
+			if len(l.Processes) != 1 || l.Processes[0].Type != "web" || !l.Processes[0].Default || strings.Join(l.Processes[0].Command, " ") != bin {
+				t.Errorf("launch.toml = %+v", l)
+			}
+			var cacheLayer struct {
+				Types struct{ Cache, Launch bool } `toml:"types"`
+			}
+			if _, err := toml.DecodeFile(filepath.Join(layers, "go-cache.toml"), &cacheLayer); err != nil || !cacheLayer.Types.Cache || cacheLayer.Types.Launch {
+				t.Errorf("go-cache.toml: %+v %v", cacheLayer, err)
+			}
+		})
+	}
+}
+
+// runGoScript runs kpush/go's bin/build with the go-cache layer pointing at a shared dir.
+func runGoScript(t *testing.T, app, gocache string) (string, string, error) {
+	t.Helper()
+	bpDir := t.TempDir()
+	for _, fsys := range BuiltinBuildpacks() {
+		if d, _ := readDescriptor(fsys); d.Buildpack.ID == GoID {
+			copyFS(bpDir, fsys)
+		}
+	}
+	layers := t.TempDir()
+	if err := os.Symlink(gocache, filepath.Join(layers, "go-cache")); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(bpDir, "bin", "build"), layers, t.TempDir(), "plan.toml")
+	cmd.Dir = app
+	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOPROXY=off")
+	out, err := cmd.CombinedOutput()
+	return layers, string(out), err
+}

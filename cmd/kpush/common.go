@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"kpush.dev/kpush/gitserver"
+	"kpush.dev/kpush/receiver"
+)
+
+// gitConfig is what both modes share: where git pushes arrive and who may push.
+type gitConfig struct {
+	DataDir        string
+	SSHAddr        string
+	AuthorizedKeys []string
+}
+
+func (c *gitConfig) flags(fs *pflag.FlagSet, defData, defSSH string) {
+	fs.StringVar(&c.DataDir, "data", envOr("DATA", defData), "data dir: repositories, host key, build caches, state (env KPUSH_DATA)")
+	fs.StringVar(&c.SSHAddr, "ssh-addr", envOr("SSH_ADDR", defSSH), "address the SSH git server listens on (env KPUSH_SSH_ADDR)")
+	var keys []string
+	if v := os.Getenv("KPUSH_AUTHORIZED_KEYS"); v != "" {
+		keys = filepath.SplitList(v)
+	}
+	fs.StringArrayVar(&c.AuthorizedKeys, "authorized-keys", keys, "OpenSSH public keys file allowed to push; repeatable (env KPUSH_AUTHORIZED_KEYS, ':'-separated)")
+}
+
+// validate joins every problem, each saying how to fix it.
+func (c *gitConfig) validate() error {
+	var errs []error
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("--data is empty: give kpush a directory for its state"))
+	}
+	if _, _, err := net.SplitHostPort(c.SSHAddr); err != nil {
+		errs = append(errs, fmt.Errorf("--ssh-addr %q: want HOST:PORT, e.g. 127.0.0.1:2222", c.SSHAddr))
+	}
+	if len(c.AuthorizedKeys) == 0 {
+		errs = append(errs, errors.New("no authorized keys: pass --authorized-keys FILE (an OpenSSH .pub or authorized_keys file)"))
+	}
+	for _, f := range c.AuthorizedKeys {
+		if _, err := os.Stat(f); err != nil {
+			errs = append(errs, fmt.Errorf("--authorized-keys %s: %w", f, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// serveGit runs the SSH git server with the pipeline until ctx ends, then shuts it down,
+// letting running pushes finish for up to grace.
+func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.Logger, grace time.Duration) error {
+	srv, err := gitserver.New(p,
+		gitserver.WithDataDir(c.DataDir),
+		gitserver.WithAuthorizedKeys(c.AuthorizedKeys...),
+		gitserver.WithLogger(log),
+	)
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", c.SSHAddr)
+	if err != nil {
+		return fmt.Errorf("listening for SSH: %w", err)
+	}
+	log.Info("git over SSH", "addr", l.Addr().String())
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(l) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "grace", grace)
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		srv.Close()
+	}
+	return nil
+}
+
+func portOf(addr string) (int, error) {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(p)
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"kpush.dev/kpush/buildpack"
+	"kpush.dev/kpush/deployer/local"
+	"kpush.dev/kpush/receiver"
+)
+
+// devCommand is `kpush dev`: SSH git server, a local registry process, local builds and the
+// local runtime behind the router — one machine, no cluster.
+func devCommand() *cobra.Command {
+	var (
+		c            gitConfig
+		httpAddr     string
+		registryPort int
+	)
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run kpush on this machine with no cluster: git push builds and runs apps locally",
+		Long: `kpush dev runs the whole of kpush on one machine: the SSH git server, a local OCI
+registry (distribution), CNB builds under bubblewrap and a local runtime that stands in for
+Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			log := newLogger(false, slog.LevelInfo)
+			if len(c.AuthorizedKeys) == 0 {
+				c.AuthorizedKeys = userPublicKeys()
+			}
+			if err := c.validate(); err != nil {
+				return err
+			}
+			routerPort, err := portOf(httpAddr)
+			if err != nil || routerPort == 0 {
+				return fmt.Errorf("--http-addr %q: want HOST:PORT with a fixed port, e.g. 127.0.0.1:8080", httpAddr)
+			}
+			if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
+				return err
+			}
+
+			reg, err := local.StartRegistry(ctx, local.RegistryConfig{DataDir: c.DataDir, Port: registryPort, Log: log})
+			if err != nil {
+				return fmt.Errorf("starting the local registry: %w", err)
+			}
+			defer reg.Close()
+			log.Info("registry", "addr", reg.Addr())
+
+			rt, err := local.New(local.Config{DataDir: c.DataDir, RouterPort: routerPort, Log: log})
+			if err != nil {
+				return err
+			}
+			defer rt.Close()
+			hl, err := net.Listen("tcp", httpAddr)
+			if err != nil {
+				return fmt.Errorf("listening for HTTP: %w", err)
+			}
+			hs := &http.Server{Handler: rt.Router(), ReadHeaderTimeout: 10 * time.Second}
+			go hs.Serve(hl)
+			defer hs.Close()
+			if err := rt.Restore(ctx); err != nil {
+				log.Warn("restoring apps", "err", err)
+			}
+
+			p := &receiver.Pipeline{
+				Builder:  &buildpack.Local{DataDir: c.DataDir, Log: log},
+				Deployer: rt,
+				Registry: reg.Addr() + "/kpush",
+				WorkDir:  filepath.Join(c.DataDir, "tmp"),
+				Log:      log,
+			}
+			if err := os.MkdirAll(p.WorkDir, 0o700); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "kpush dev: git push to ssh://git@%s/APP, apps at http://APP.localhost:%d/\n", c.SSHAddr, routerPort)
+			return serveGit(ctx, c, p, log, 30*time.Second)
+		},
+	}
+	c.flags(cmd.Flags(), defaultDataDir(), "127.0.0.1:2222")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", envOr("HTTP_ADDR", "127.0.0.1:8080"), "address of the router that serves apps as http://APP.localhost:PORT/ (env KPUSH_HTTP_ADDR)")
+	cmd.Flags().IntVar(&registryPort, "registry-port", 0, "port of the local registry on 127.0.0.1 (default: a free one, kept in the data dir)")
+	return cmd
+}
+
+func defaultDataDir() string {
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(home, ".kpush")
+}
+
+// userPublicKeys returns ~/.ssh/*.pub, the default authorized keys of `kpush dev`.
+func userPublicKeys() []string {
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return nil
+	}
+	keys, _ := filepath.Glob(filepath.Join(home, ".ssh", "*.pub"))
+	return keys
+}
+

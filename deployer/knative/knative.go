@@ -1,0 +1,316 @@
+// Package knative deploys releases as Knative Serving Services (serving.knative.dev/v1,
+// https://knative.dev/docs/serving/reference/serving-api/) and waits until they are Ready.
+//
+// Every write is a read-modify-write of one Service that carries the resourceVersion it read;
+// each operation changes only the fields it owns (a Mutation), so a conflict with another
+// writer is resolved by re-reading and re-applying those fields, never by overwriting theirs.
+package knative
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
+	servingclientset "knative.dev/serving/pkg/client/clientset/versioned"
+
+	"kpush.dev/kpush/deployer"
+)
+
+// Labels and annotations kpush writes on the Services it manages.
+const (
+	LabelManagedBy   = "app.kubernetes.io/managed-by" // on the Service; value ManagedBy
+	ManagedBy        = "kpush"
+	AnnotationApp    = "kpush.dev/app"    // on the Service and its revision template
+	AnnotationCommit = "kpush.dev/commit" // 40-hex git commit of the release
+	AnnotationPusher = "kpush.dev/pusher" // who pushed the release
+)
+
+// Defaults for New.
+const (
+	DefaultReadyTimeout      = 5 * time.Minute
+	DefaultPollInterval      = 2 * time.Second
+	DefaultMaxWriteAttempts  = 5
+	defaultConflictBackoffMs = 50
+)
+
+// Errors returned (wrapped) by Deploy, Apply and WaitReady; test with errors.Is.
+var (
+	ErrInvalidRelease = errors.New("invalid release")
+	ErrNotManaged     = errors.New("service not managed by kpush")
+	ErrNotReady       = errors.New("service not ready")
+	ErrReadyTimeout   = errors.New("timed out waiting for service to become ready")
+	ErrConflict       = errors.New("too many conflicting writes")
+)
+
+// reservedEnv are the variables Knative sets itself and refuses in a container's env
+// (knative.dev/serving pkg/apis/serving/k8s_validation.go, reservedEnvVars).
+var reservedEnv = []string{"PORT", "K_SERVICE", "K_CONFIGURATION", "K_REVISION"}
+
+// Deployer puts releases into service as Knative Services in one namespace. It implements
+// deployer.Deployer. Build it with New; it is safe for concurrent use.
+type Deployer struct {
+	cs           servingclientset.Interface
+	ns           string
+	readyTimeout time.Duration
+	pollInterval time.Duration
+	maxAttempts  int
+	log          *slog.Logger
+}
+
+var _ deployer.Deployer = (*Deployer)(nil)
+
+// Option configures a Deployer.
+type Option func(*Deployer)
+
+// WithReadyTimeout sets how long Deploy waits for Ready after writing (default 5 min).
+func WithReadyTimeout(d time.Duration) Option { return func(k *Deployer) { k.readyTimeout = d } }
+
+// WithPollInterval sets how often the Ready wait also reads the Service directly, as a
+// fallback for a watch that cannot start or breaks (default 2 s).
+func WithPollInterval(d time.Duration) Option { return func(k *Deployer) { k.pollInterval = d } }
+
+// WithMaxWriteAttempts bounds the read-modify-write attempts of one Apply when writes conflict
+// (default 5).
+func WithMaxWriteAttempts(n int) Option { return func(k *Deployer) { k.maxAttempts = n } }
+
+// WithLogger sets the logger for internal detail (default: discard).
+func WithLogger(l *slog.Logger) Option { return func(k *Deployer) { k.log = l } }
+
+// New returns a Deployer that writes serving.knative.dev/v1 Services in namespace through cs.
+func New(cs servingclientset.Interface, namespace string, opts ...Option) *Deployer {
+	d := &Deployer{
+		cs:           cs,
+		ns:           namespace,
+		readyTimeout: DefaultReadyTimeout,
+		pollInterval: DefaultPollInterval,
+		maxAttempts:  DefaultMaxWriteAttempts,
+		log:          slog.New(slog.DiscardHandler),
+	}
+	for _, o := range opts {
+		o(d)
+	}
+	if d.maxAttempts < 1 {
+		d.maxAttempts = 1
+	}
+	if d.pollInterval <= 0 {
+		d.pollInterval = DefaultPollInterval
+	}
+	d.log = d.log.With("namespace", namespace)
+	return d
+}
+
+// Deploy creates or updates the Service named r.App so that it runs r.Image with r.Env, then
+// waits until the Knative controller reports it Ready for that generation, and returns
+// status.url (e.g. "http://demo.default.example.com"). Progress lines go to out.
+//
+// Errors (wrapped, see errors.Is): ErrInvalidRelease (name not DNS-1035, image not by digest,
+// reserved env name), ErrNotManaged (a Service of that name exists without label
+// app.kubernetes.io/managed-by=kpush), ErrConflict, ErrNotReady (Ready=False: reason and
+// message), ErrReadyTimeout, or the API error. On error the previous revision keeps serving.
+func (d *Deployer) Deploy(ctx context.Context, r deployer.Release, out io.Writer) (string, error) {
+	if err := ValidateRelease(r); err != nil {
+		return "", err
+	}
+	log := d.log.With("app", r.App, "commit", r.Commit, "image", r.Image)
+	svc, change, err := d.Apply(ctx, r.App, ReleaseMutation(r))
+	if err != nil {
+		return "", err
+	}
+	log.Info("service written", "change", change, "generation", svc.Generation, "resource_version", svc.ResourceVersion)
+	fmt.Fprintf(out, "       Service %s %s (generation %d), waiting for Ready…\n", r.App, change, svc.Generation)
+	url, err := d.WaitReady(ctx, r.App, svc.Generation, out)
+	if err != nil {
+		log.Warn("service not ready", "generation", svc.Generation, "err", err)
+		return "", err
+	}
+	log.Info("service ready", "generation", svc.Generation, "url", url)
+	fmt.Fprintf(out, "       Ready: %s\n", url)
+	return url, nil
+}
+
+// ValidateRelease checks what Deploy needs of r: App a DNS-1035 label, Image a digest
+// reference ("<repository>@sha256:<64 hex>"), no env name Knative reserves (PORT, K_SERVICE,
+// K_CONFIGURATION, K_REVISION) and every env name a C identifier. Errors wrap ErrInvalidRelease.
+func ValidateRelease(r deployer.Release) error {
+	if errs := validation.IsDNS1035Label(r.App); len(errs) > 0 {
+		return fmt.Errorf("%w: app name %q: %s", ErrInvalidRelease, r.App, errs[0])
+	}
+	if _, err := name.NewDigest(r.Image); err != nil {
+		return fmt.Errorf("%w: image %q is not a digest reference (<repository>@sha256:<64 hex>); Knative needs the digest so every revision runs exactly the image that was built: %v",
+			ErrInvalidRelease, r.Image, err)
+	}
+	for k := range r.Env {
+		if slices.Contains(reservedEnv, k) {
+			return fmt.Errorf("%w: environment variable %s is set by Knative and cannot be configured", ErrInvalidRelease, k)
+		}
+		if errs := validation.IsEnvVarName(k); len(errs) > 0 {
+			return fmt.Errorf("%w: environment variable name %q: %s", ErrInvalidRelease, k, errs[0])
+		}
+	}
+	return nil
+}
+
+// Mutation sets the fields one operation owns on a Service and leaves every other field as
+// it is. Apply calls it on a freshly read copy for each attempt (or on a new Service carrying
+// only name, namespace and the managed-by label), so it must be idempotent and must not depend
+// on what an earlier attempt saw. An error stops Apply without writing.
+type Mutation func(*servingv1.Service) error
+
+// ReleaseMutation owns what a push changes: ImageMutation(r.Image), EnvMutation(r.Env) and
+// AnnotationsMutation with kpush.dev/app, kpush.dev/commit and kpush.dev/pusher. Traffic,
+// labels, other annotations, other containers and other container fields are left alone.
+func ReleaseMutation(r deployer.Release) Mutation {
+	return Mutations(
+		ImageMutation(r.Image),
+		EnvMutation(r.Env),
+		AnnotationsMutation(map[string]string{AnnotationApp: r.App, AnnotationCommit: r.Commit, AnnotationPusher: r.Pusher}),
+	)
+}
+
+// Mutations applies ms in order and stops at the first error.
+func Mutations(ms ...Mutation) Mutation {
+	return func(s *servingv1.Service) error {
+		for _, m := range ms {
+			if err := m(s); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+// ImageMutation owns spec.template.spec.containers[0].image (creating containers[0] if the
+// template has none).
+func ImageMutation(image string) Mutation {
+	return func(s *servingv1.Service) error {
+		firstContainer(s).Image = image
+		return nil
+	}
+}
+
+// EnvMutation owns all of spec.template.spec.containers[0].env: it becomes env sorted by
+// name (nil when env is empty). envFrom is left alone.
+func EnvMutation(env map[string]string) Mutation {
+	vars := envVars(env)
+	return func(s *servingv1.Service) error {
+		firstContainer(s).Env = slices.Clone(vars)
+		return nil
+	}
+}
+
+// AnnotationsMutation owns the keys of ann on the Service and on its revision template
+// (spec.template.metadata.annotations); other annotations are kept.
+func AnnotationsMutation(ann map[string]string) Mutation {
+	return func(s *servingv1.Service) error {
+		s.Annotations = withAll(s.Annotations, ann)
+		s.Spec.Template.Annotations = withAll(s.Spec.Template.Annotations, ann)
+		return nil
+	}
+}
+
+func firstContainer(s *servingv1.Service) *corev1.Container {
+	spec := &s.Spec.Template.Spec
+	if len(spec.Containers) == 0 {
+		spec.Containers = []corev1.Container{{}}
+	}
+	return &spec.Containers[0]
+}
+
+func envVars(m map[string]string) []corev1.EnvVar {
+	var env []corev1.EnvVar
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		env = append(env, corev1.EnvVar{Name: k, Value: m[k]})
+	}
+	return env
+}
+
+func withAll(dst, src map[string]string) map[string]string {
+	if dst == nil {
+		dst = make(map[string]string, len(src))
+	}
+	maps.Copy(dst, src)
+	return dst
+}
+
+// Change says what Apply did.
+type Change string
+
+// Changes reported by Apply.
+const (
+	Created   Change = "created"
+	Updated   Change = "updated"
+	Unchanged Change = "unchanged"
+)
+
+// Apply reads the Service name, applies m to a copy and writes it back with the
+// resourceVersion it read (create if there is none), and returns the Service as written. A
+// write the API server answers with 409 Conflict (someone wrote in between) or AlreadyExists
+// is retried from a fresh read, up to WithMaxWriteAttempts times in all, then fails with
+// ErrConflict. If m changes nothing, nothing is written and Unchanged is returned. A Service
+// without label app.kubernetes.io/managed-by=kpush is refused with ErrNotManaged.
+func (d *Deployer) Apply(ctx context.Context, name string, m Mutation) (*servingv1.Service, Change, error) {
+	services := d.cs.ServingV1().Services(d.ns)
+	log := d.log.With("app", name)
+	for attempt := 1; ; attempt++ {
+		cur, err := services.Get(ctx, name, metav1.GetOptions{})
+		var (
+			written *servingv1.Service
+			change  Change
+		)
+		switch {
+		case apierrors.IsNotFound(err):
+			next := &servingv1.Service{ObjectMeta: metav1.ObjectMeta{
+				Name: name, Namespace: d.ns, Labels: map[string]string{LabelManagedBy: ManagedBy},
+			}}
+			if err := m(next); err != nil {
+				return nil, "", err
+			}
+			written, err = services.Create(ctx, next, metav1.CreateOptions{FieldManager: ManagedBy})
+			change = Created
+		case err != nil:
+			return nil, "", fmt.Errorf("reading Knative Service %s/%s: %w", d.ns, name, err)
+		default:
+			if cur.Labels[LabelManagedBy] != ManagedBy {
+				return nil, "", fmt.Errorf("%w: Knative Service %s in namespace %s exists and was not created by kpush (label %s=%s missing); kpush will not take it over: delete it with `kubectl delete ksvc %s -n %s`, or push under another app name",
+					ErrNotManaged, name, d.ns, LabelManagedBy, ManagedBy, name, d.ns)
+			}
+			next := cur.DeepCopy()
+			if err := m(next); err != nil {
+				return nil, "", err
+			}
+			if equality.Semantic.DeepEqual(cur, next) {
+				return cur, Unchanged, nil
+			}
+			written, err = services.Update(ctx, next, metav1.UpdateOptions{FieldManager: ManagedBy})
+			change = Updated
+		}
+		if err == nil {
+			return written, change, nil
+		}
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+			return nil, "", fmt.Errorf("writing Knative Service %s/%s: %w", d.ns, name, err)
+		}
+		log.Warn("conflicting write, retrying from a fresh read", "attempt", attempt, "max_attempts", d.maxAttempts, "err", err)
+		if attempt >= d.maxAttempts {
+			return nil, "", fmt.Errorf("%w: Knative Service %s/%s changed under kpush %d times in a row; try the push again: %w",
+				ErrConflict, d.ns, name, attempt, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, "", fmt.Errorf("writing Knative Service %s/%s: %w", d.ns, name, ctx.Err())
+		case <-time.After(time.Duration(attempt*defaultConflictBackoffMs) * time.Millisecond):
+		}
+	}
+}

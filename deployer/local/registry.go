@@ -1,0 +1,291 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"kpush.dev/kpush/internal/tools"
+)
+
+// RegistryConfig configures StartRegistry.
+type RegistryConfig struct {
+	// DataDir is kpush's data dir; the registry keeps everything in <DataDir>/registry:
+	// config.yml, data/ (filesystem storage), registry.log, port, lock. Required.
+	DataDir string
+	// Port to listen on at 127.0.0.1. Zero: the port persisted in <DataDir>/registry/port,
+	// or a free one picked now and persisted, so image references stay valid across restarts.
+	Port int
+	// StartTimeout bounds the wait for GET /v2/ to answer. Zero means 30 s.
+	StartTimeout time.Duration
+	// StopGrace is the time between SIGTERM and SIGKILL in Close. Zero means 10 s.
+	StopGrace time.Duration
+	// Log receives internal detail (nil: discarded).
+	Log *slog.Logger
+}
+
+// Registry is a running distribution (v3) registry process: dev mode's persistent OCI
+// registry, serving the OCI distribution API over plain HTTP on 127.0.0.1 with filesystem
+// storage and deletes enabled. Start it with StartRegistry; stop it with Close.
+type Registry struct {
+	cfg  RegistryConfig
+	addr string
+	cmd  *exec.Cmd
+	lock *os.File
+	log  *slog.Logger
+
+	done    chan struct{} // closed when the process exited
+	exitErr error         // read after done
+	closing chan struct{}
+	once    sync.Once
+}
+
+// StartRegistry writes the registry's config, starts `registry serve` (tools.Path("registry"))
+// and waits until GET http://<addr>/v2/ answers. It fails when another kpush holds the same
+// data dir (flock on <DataDir>/registry/lock), when the port is taken, or when the process
+// exits before answering; the error then quotes its last log lines.
+func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("registry: DataDir is empty")
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 30 * time.Second
+	}
+	if cfg.StopGrace <= 0 {
+		cfg.StopGrace = 10 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	bin, err := tools.Path("registry")
+	if err != nil {
+		return nil, fmt.Errorf("finding the registry binary: %w", err)
+	}
+	dir, err := filepath.Abs(filepath.Join(cfg.DataDir, "registry"))
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "data"), 0o755); err != nil {
+		return nil, fmt.Errorf("creating registry directory: %w", err)
+	}
+
+	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("opening registry lock: %w", err)
+	}
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lock.Close()
+		return nil, fmt.Errorf("registry data dir %s is in use by another kpush (stop it first): %w", dir, err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			lock.Close()
+		}
+	}()
+
+	port, err := registryPort(dir, cfg.Port)
+	if err != nil {
+		return nil, err
+	}
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	conf := registryConfigYAML(filepath.Join(dir, "data"), addr, randomHex(16))
+	confPath := filepath.Join(dir, "config.yml")
+	if err := writeFileAtomic(confPath, []byte(conf), 0o600); err != nil {
+		return nil, fmt.Errorf("writing registry config: %w", err)
+	}
+	logPath := filepath.Join(dir, "registry.log")
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("opening registry log: %w", err)
+	}
+	logStart, _ := logf.Seek(0, 2)
+
+	cmd := exec.Command(bin, "serve", confPath)
+	cmd.Dir = dir
+	cmd.Env = []string{
+		"PATH=" + defaultPath,
+		"OTEL_TRACES_EXPORTER=none", // distribution v3 would otherwise export traces via OTLP
+		"OTEL_SDK_DISABLED=true",
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("starting registry: %w", err)
+	}
+	logf.Close() // the child has its own copy
+
+	r := &Registry{
+		cfg: cfg, addr: addr, cmd: cmd, lock: lock, log: cfg.Log,
+		done: make(chan struct{}), closing: make(chan struct{}),
+	}
+	go func() {
+		r.exitErr = cmd.Wait()
+		close(r.done)
+		select {
+		case <-r.closing:
+		default:
+			r.log.Error("registry process exited unexpectedly", "pid", cmd.Process.Pid, "err", r.exitErr,
+				"log", logPath)
+		}
+	}()
+	cfg.Log.Info("registry started", "pid", cmd.Process.Pid, "addr", addr, "dir", dir)
+
+	if err := r.waitReady(ctx); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("starting registry on %s: %w\nlast log lines:\n%s(full log: %s)",
+			addr, err, lastLines(logPath, logStart, 15), logPath)
+	}
+	ok = true
+	return r, nil
+}
+
+// registryPort returns want if set, else the port persisted in dir/port, else a free port,
+// which it persists.
+func registryPort(dir string, want int) (int, error) {
+	pf := filepath.Join(dir, "port")
+	if want > 0 {
+		if want > 65535 {
+			return 0, fmt.Errorf("registry port %d out of range", want)
+		}
+		return want, writeFileAtomic(pf, []byte(strconv.Itoa(want)+"\n"), 0o644)
+	}
+	if b, err := os.ReadFile(pf); err == nil {
+		p, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || p <= 0 || p > 65535 {
+			return 0, fmt.Errorf("registry port file %s is corrupt (%q): delete it to pick a new port", pf, b)
+		}
+		return p, nil
+	}
+	p, err := freePort()
+	if err != nil {
+		return 0, fmt.Errorf("finding a free port for the registry: %w", err)
+	}
+	if err := writeFileAtomic(pf, []byte(strconv.Itoa(p)+"\n"), 0o644); err != nil {
+		return 0, fmt.Errorf("saving registry port: %w", err)
+	}
+	return p, nil
+}
+
+// registryConfigYAML renders distribution's configuration
+// (https://distribution.github.io/distribution/about/configuration/).
+func registryConfigYAML(dataDir, addr, secret string) string {
+	q := strconv.Quote
+	return "version: 0.1\n" +
+		"log:\n  level: info\n  formatter: text\n  fields:\n    service: registry\n" +
+		"storage:\n  filesystem:\n    rootdirectory: " + q(dataDir) + "\n" +
+		"  delete:\n    enabled: true\n" +
+		"  cache:\n    blobdescriptor: inmemory\n" +
+		"http:\n  addr: " + q(addr) + "\n  secret: " + q(secret) + "\n" +
+		"  headers:\n    X-Content-Type-Options: [nosniff]\n"
+}
+
+func (r *Registry) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
+	defer cancel()
+	c := &http.Client{Timeout: 2 * time.Second}
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.addr+"/v2/", nil)
+		if resp, err := c.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusUnauthorized {
+				// Make sure it is our process answering, not another on the same port.
+				select {
+				case <-r.done:
+				default:
+					return nil
+				}
+			}
+		}
+		select {
+		case <-r.done:
+			return fmt.Errorf("the registry process exited: %v", r.exitErr)
+		case <-ctx.Done():
+			return fmt.Errorf("GET /v2/ did not answer within %s", r.cfg.StartTimeout)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Addr returns "127.0.0.1:<port>", the registry host for image references.
+func (r *Registry) Addr() string { return r.addr }
+
+// PID returns the registry process's PID.
+func (r *Registry) PID() int { return r.cmd.Process.Pid }
+
+// Done is closed when the registry process has exited (after Close, or on its own).
+func (r *Registry) Done() <-chan struct{} { return r.done }
+
+// Err returns nil while the process runs or after Close stopped it, and why it exited when it
+// died on its own.
+func (r *Registry) Err() error {
+	select {
+	case <-r.done:
+	default:
+		return nil
+	}
+	select {
+	case <-r.closing:
+		return nil
+	default:
+	}
+	return fmt.Errorf("registry process exited: %v (see %s)", r.exitErr,
+		filepath.Join(r.cfg.DataDir, "registry", "registry.log"))
+}
+
+// Close stops the registry: SIGTERM to its PID, SIGKILL after RegistryConfig.StopGrace, then
+// releases the data dir lock. It returns Err() from before the stop.
+func (r *Registry) Close() error {
+	err := r.Err()
+	r.once.Do(func() {
+		close(r.closing)
+		_ = r.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-r.done:
+		case <-time.After(r.cfg.StopGrace):
+			_ = r.cmd.Process.Kill()
+			<-r.done
+		}
+		r.lock.Close()
+		r.log.Info("registry stopped", "pid", r.cmd.Process.Pid)
+	})
+	return err
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// lastLines returns the last n lines of the file at p written after offset, indented.
+func lastLines(p string, offset int64, n int) string {
+	b, err := os.ReadFile(p)
+	if err != nil || int64(len(b)) < offset {
+		return "  (no log)\n"
+	}
+	b = bytes.TrimRight(b[offset:], "\n")
+	if len(b) == 0 {
+		return "  (no output)\n"
+	}
+	lines := strings.Split(string(b), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "  " + strings.Join(lines, "\n  ") + "\n"
+}

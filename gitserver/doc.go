@@ -1,0 +1,27 @@
+// Package gitserver is kpush's SSH git server: it accepts `git push` and `git clone`/`fetch`
+// over SSH, keeps one bare repository per app, and hands every push to a Handler before any
+// ref moves.
+//
+// The API is shaped like net/http: New(handler, options...), then Serve(listener) or
+// ListenAndServe(addr), and Shutdown(ctx). SSH is github.com/gliderlabs/ssh; the git wire
+// protocol is the real git binary (git receive-pack, git upload-pack) with the SSH channel as
+// its stdin and stdout.
+//
+// Data directory layout (WithDataDir):
+//
+//	<dir>/ssh_host_ed25519_key   host key, OpenSSH PEM, 0600, made on first start
+//	<dir>/repos/<app>.git        bare repository of app, made on its first push
+//	<dir>/hooks/pre-receive      core.hooksPath of every repository; execs the hook command
+//
+// A push goes: SSH exec "git-receive-pack '<app>'" → app name checked (ValidAppName) →
+// repository created if missing → git receive-pack runs with KPUSH_HOOK_URL, KPUSH_PUSH_ID and
+// KPUSH_HOOK_TOKEN in its environment → git receives the objects into its quarantine and runs
+// hooks/pre-receive → that execs `kpush hook pre-receive`, i.e. RunHook → RunHook POSTs the
+// ref updates, push options and quarantine environment to the server's loopback HTTP endpoint
+// with the push's ID and secret token → the server finds the SSH session the push belongs to,
+// points HEAD of an empty repository at the first pushed branch, and calls
+// Handler.PreReceive(sessionCtx, push, out) → whatever the handler writes to out is streamed
+// back (flushed per write) and RunHook copies it to its stdout, which git shows the pusher as
+// "remote: " lines → the exit status travels in an HTTP trailer; non-zero makes git reject
+// every ref of the push ("pre-receive hook declined").
+package gitserver

@@ -1,0 +1,294 @@
+package gitserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/gliderlabs/ssh"
+	gossh "golang.org/x/crypto/ssh"
+)
+
+// Session requests refused on a session channel before gliderlabs sees them: gliderlabs
+// accepts agent forwarding unconditionally.
+var refusedSessionRequests = map[string]string{
+	"auth-agent-req@openssh.com": "agent forwarding",
+	"x11-req":                    "X11 forwarding",
+}
+
+// sessionChannel runs gliderlabs' session handler on a channel whose agent and X11 forwarding
+// requests are refused first.
+func (s *Server) sessionChannel(srv *ssh.Server, conn *gossh.ServerConn, ch gossh.NewChannel, ctx ssh.Context) {
+	ssh.DefaultSessionHandler(srv, conn, filteredChannel{ch, s.log, ctx}, ctx)
+}
+
+type filteredChannel struct {
+	gossh.NewChannel
+	log *slog.Logger
+	ctx ssh.Context
+}
+
+func (c filteredChannel) Accept() (gossh.Channel, <-chan *gossh.Request, error) {
+	ch, in, err := c.NewChannel.Accept()
+	if err != nil {
+		return ch, in, err
+	}
+	out := make(chan *gossh.Request)
+	go func() {
+		defer close(out)
+		for req := range in {
+			if what, refused := refusedSessionRequests[req.Type]; refused {
+				c.log.Info("refused "+what, "remote_addr", c.ctx.RemoteAddr().String(), "user", userFrom(c.ctx))
+				if req.WantReply {
+					req.Reply(false, nil)
+				}
+				continue
+			}
+			out <- req
+		}
+	}()
+	return ch, out, nil
+}
+
+// rejectChannel refuses every channel type but "session": direct-tcpip (ssh -L),
+// direct-streamlocal (ssh -L with a socket) and anything else.
+func (s *Server) rejectChannel(_ *ssh.Server, _ *gossh.ServerConn, ch gossh.NewChannel, ctx ssh.Context) {
+	s.log.Info("refused channel", "type", ch.ChannelType(), "remote_addr", ctx.RemoteAddr().String(), "user", userFrom(ctx))
+	msg := fmt.Sprintf("%s channels are not supported: this server only serves git", ch.ChannelType())
+	if ch.ChannelType() == "direct-tcpip" || ch.ChannelType() == "direct-streamlocal@openssh.com" {
+		msg = "port forwarding is not supported: this server only serves git"
+	}
+	ch.Reject(gossh.Prohibited, msg)
+}
+
+// rejectGlobalRequest refuses every global request: tcpip-forward (ssh -R),
+// streamlocal-forward and the rest. OpenSSH's keepalives accept a refusal as an answer.
+func (s *Server) rejectGlobalRequest(ctx ssh.Context, _ *ssh.Server, req *gossh.Request) (bool, []byte) {
+	if !strings.HasPrefix(req.Type, "keepalive@") {
+		s.log.Info("refused global request", "type", req.Type, "remote_addr", ctx.RemoteAddr().String(), "user", userFrom(ctx))
+	}
+	return false, nil
+}
+
+func (s *Server) refuseSubsystem(sess ssh.Session) {
+	s.refuse(sess, fmt.Sprintf("subsystem %q is not supported: this server only serves git (git push, git clone)", sess.Subsystem()))
+}
+
+// refuse tells the client why in one line on stderr and exits 1.
+func (s *Server) refuse(sess ssh.Session, msg string) {
+	s.log.Info("refused session", "remote_addr", sess.RemoteAddr().String(), "user", userFrom(sess.Context()), "reason", msg)
+	fmt.Fprintln(sess.Stderr(), msg)
+	sess.Exit(1)
+}
+
+// handleSession runs one SSH exec or shell request.
+func (s *Server) handleSession(sess ssh.Session) {
+	defer func() {
+		if r := recover(); r != nil {
+			s.log.Error("panic in ssh session", "panic", r, "stack", string(debug.Stack()),
+				"remote_addr", sess.RemoteAddr().String())
+			fmt.Fprintln(sess.Stderr(), "internal server error; the server log has details")
+			sess.Exit(1)
+		}
+	}()
+	raw := sess.RawCommand()
+	if raw == "" {
+		s.refuse(sess, "interactive shells are not supported: this server only serves git (git push, git clone)")
+		return
+	}
+	req, isGit, err := parseGitCommand(raw)
+	switch {
+	case !isGit:
+		sess.Exit(s.runCommand(sess.Context(), sess, raw))
+	case err != nil:
+		s.refuse(sess, err.Error())
+	case req.Service == serviceReceivePack:
+		sess.Exit(s.receivePack(sess, req.App))
+	default:
+		sess.Exit(s.uploadPack(sess, req.App))
+	}
+}
+
+// runCommand runs a command that is not a git service and returns its exit status. This is
+// the seam for commands over SSH (`ssh git@host keys:add ...`): a command handler option
+// would be called here. For now every such command is refused.
+func (s *Server) runCommand(ctx ssh.Context, sess ssh.Session, raw string) int {
+	word, _, _ := strings.Cut(raw, " ")
+	msg := fmt.Sprintf("unknown command %q: this server only serves git (git push, git clone)", word)
+	s.log.Info("refused command", "remote_addr", ctx.RemoteAddr().String(), "user", userFrom(ctx), "command", word)
+	fmt.Fprintln(sess.Stderr(), msg)
+	return 1
+}
+
+// pushState is one running git receive-pack, as the hook endpoint finds it by push ID.
+type pushState struct {
+	id, token string
+	app, dir  string
+	user      string
+	ctx       context.Context // the SSH session's
+	log       *slog.Logger
+	claimed   chan struct{} // closed when the pre-receive hook called in; a push has one
+}
+
+func (p *pushState) claim() bool {
+	select {
+	case <-p.claimed:
+		return false
+	default:
+		close(p.claimed)
+		return true
+	}
+}
+
+func (s *Server) receivePack(sess ssh.Session, app string) int {
+	ctx := sess.Context()
+	id, token := newID(8), newID(24)
+	log := s.log.With("push_id", id, "app", app, "user", userFrom(ctx), "remote_addr", sess.RemoteAddr().String())
+	dir, err := s.ensureRepo(ctx, app, log)
+	if err != nil {
+		log.Error("creating repository", "err", err)
+		fmt.Fprintf(sess.Stderr(), "could not create the repository for app %s (push ID %s); the server log has details\n", app, id)
+		return 1
+	}
+	ps := &pushState{id: id, token: token, app: app, dir: dir, user: userFrom(ctx), ctx: ctx, log: log,
+		claimed: make(chan struct{})}
+	s.mu.Lock()
+	s.pushes[id] = ps
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.pushes, id)
+		s.mu.Unlock()
+	}()
+	env := append(gitEnv(sess.Environ()),
+		envHookURL+"="+s.hookURL, envPushID+"="+id, envHookToken+"="+token)
+	args := []string{
+		// Also in the repository's config; given here too so the server's current settings win.
+		"-c", "core.hooksPath=" + s.hooksDir,
+		"-c", "receive.maxInputSize=" + strconv.FormatInt(s.maxPushSize, 10),
+		"receive-pack", dir,
+	}
+	log.Info("push started")
+	start := time.Now()
+	code := s.runGit(ctx, sess, env, args, log)
+	log.Info("push finished", "exit_status", code, "duration", time.Since(start))
+	return code
+}
+
+func (s *Server) uploadPack(sess ssh.Session, app string) int {
+	ctx := sess.Context()
+	log := s.log.With("app", app, "user", userFrom(ctx), "remote_addr", sess.RemoteAddr().String())
+	dir := s.repoDir(app)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		log.Info("fetch of missing app")
+		fmt.Fprintf(sess.Stderr(), "app %s does not exist; a first git push creates it\n", app)
+		return 1
+	}
+	log.Info("fetch started")
+	start := time.Now()
+	code := s.runGit(ctx, sess, gitEnv(sess.Environ()), []string{"upload-pack", "--strict", dir}, log)
+	log.Info("fetch finished", "exit_status", code, "duration", time.Since(start))
+	return code
+}
+
+// runGit runs git with the session as its stdin and stdout and the session's stderr as its
+// stderr, and returns git's exit status. When ctx ends (the client went away) git and its
+// children (the hook) are killed.
+func (s *Server) runGit(ctx context.Context, sess ssh.Session, env, args []string, log *slog.Logger) int {
+	cmd := exec.CommandContext(ctx, s.git, args...)
+	cmd.Env = env
+	cmd.Stdout = sess
+	cmd.Stderr = sess.Stderr()
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 10 * time.Second
+	// Not cmd.Stdin = sess: Wait would wait for the client to close its side.
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		log.Error("starting git", "err", err)
+		return 1
+	}
+	if err := cmd.Start(); err != nil {
+		log.Error("starting git", "err", err)
+		fmt.Fprintln(sess.Stderr(), "internal server error: could not start git; the server log has details")
+		return 1
+	}
+	go func() {
+		io.Copy(stdin, sess)
+		stdin.Close()
+	}()
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &ee) && ee.ExitCode() > 0:
+		return ee.ExitCode()
+	default:
+		if ctx.Err() == nil {
+			log.Error("running git", "args", args, "err", err)
+		}
+		return 1
+	}
+}
+
+// gitEnv is the environment of git processes the server starts: the server's own, minus
+// variables that would point git elsewhere (git rev-parse --local-env-vars, the quarantine,
+// push options, kpush's hook variables), plus GIT_PROTOCOL from the client's env request
+// (gitprotocol-v2(5): "version=2" turns on protocol v2).
+func gitEnv(clientEnv []string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if localGitVars[k] || strings.HasPrefix(k, "GIT_PUSH_OPTION_") || strings.HasPrefix(k, "KPUSH_HOOK_") || k == envPushID {
+			continue
+		}
+		env = append(env, kv)
+	}
+	for _, kv := range clientEnv {
+		if v, ok := strings.CutPrefix(kv, "GIT_PROTOCOL="); ok && validProtocol(v) {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+var localGitVars = map[string]bool{
+	"GIT_ALTERNATE_OBJECT_DIRECTORIES": true, "GIT_CONFIG": true, "GIT_CONFIG_PARAMETERS": true,
+	"GIT_CONFIG_COUNT": true, "GIT_OBJECT_DIRECTORY": true, "GIT_DIR": true, "GIT_WORK_TREE": true,
+	"GIT_IMPLICIT_WORK_TREE": true, "GIT_GRAFT_FILE": true, "GIT_INDEX_FILE": true,
+	"GIT_NO_REPLACE_OBJECTS": true, "GIT_REPLACE_REF_BASE": true, "GIT_PREFIX": true,
+	"GIT_SHALLOW_FILE": true, "GIT_COMMON_DIR": true, "GIT_QUARANTINE_PATH": true,
+	"GIT_PROTOCOL": true, "GIT_PUSH_OPTION_COUNT": true, "GIT_NAMESPACE": true,
+}
+
+// validProtocol accepts GIT_PROTOCOL values made of "key=value" items separated by ':'.
+func validProtocol(v string) bool {
+	if v == "" || len(v) > 256 {
+		return false
+	}
+	for _, r := range v {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("=:._-", r)) {
+			return false
+		}
+	}
+	return true
+}
+
+// newID returns n random bytes in hex.
+func newID(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

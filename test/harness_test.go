@@ -1,0 +1,263 @@
+// Package test holds kpush's end-to-end tests: the real kpush binary, the real git client
+// over the system OpenSSH client, the real CNB lifecycle, a real registry and, for cluster
+// mode, a real kube-apiserver.
+package test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"kpush.dev/kpush/internal/tools"
+)
+
+// kpushBin is the kpush binary built once for all tests.
+var kpushBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kpush-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	kpushBin = filepath.Join(dir, "kpush")
+	build := exec.Command("go", "build", "-o", kpushBin, "../cmd/kpush")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building kpush:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// requireTools fails the test when `make tools` has not been run.
+func requireTools(t *testing.T, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := tools.Path(n); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// sshKey makes an ed25519 key pair and returns the private key's path (the public key is
+// path + ".pub").
+func sshKey(t *testing.T, dir, name string) string {
+	t.Helper()
+	path := filepath.Join(dir, name)
+	out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ssh-keygen: %v\n%s", err, out)
+	}
+	return path
+}
+
+// server is a running kpush process.
+type server struct {
+	cmd     *exec.Cmd
+	sshAddr string
+	logPath string
+}
+
+// start runs kpush with args, writing its log to a file that is printed when the test
+// fails, and waits until sshAddr accepts connections.
+func start(t *testing.T, sshAddr string, args ...string) *server {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), "kpush.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(kpushBin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &server{cmd: cmd, sshAddr: sshAddr, logPath: logPath}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(exited) }()
+	t.Cleanup(func() {
+		s.stop(t, exited)
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("kpush log:\n%s", b)
+		}
+	})
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		select {
+		case <-exited:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("kpush exited before listening on %s:\n%s", sshAddr, b)
+		default:
+		}
+		if c, err := net.Dial("tcp", sshAddr); err == nil {
+			c.Close()
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kpush did not listen on %s within 2m", sshAddr)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (s *server) stop(t *testing.T, exited chan struct{}) {
+	syscall.Kill(s.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		t.Errorf("kpush did not stop within 30s of SIGTERM; killing it")
+		syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+	}
+}
+
+// gitEnv returns the environment for git commands that reach kpush with key.
+func gitEnv(key string) []string {
+	return append(os.Environ(),
+		"GIT_SSH_COMMAND=ssh -i "+key+" -o IdentitiesOnly=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+		"GIT_AUTHOR_NAME=e2e", "GIT_AUTHOR_EMAIL=e2e@example.com",
+		"GIT_COMMITTER_NAME=e2e", "GIT_COMMITTER_EMAIL=e2e@example.com",
+		"GIT_TERMINAL_PROMPT=0",
+	)
+}
+
+// git runs git in dir and fails the test on error.
+func git(t *testing.T, env []string, dir string, args ...string) string {
+	t.Helper()
+	out, err := gitResult(env, dir, args...)
+	if err != nil {
+		t.Fatalf("git %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+func gitResult(env []string, dir string, args ...string) (string, error) {
+	cmd := exec.Command("git", args...)
+	cmd.Dir, cmd.Env = dir, env
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// push runs `git push` in dir and returns its combined output as it was read line by line,
+// and its exit code.
+func push(t *testing.T, env []string, dir string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command("git", append([]string{"push"}, args...)...)
+	cmd.Dir, cmd.Env = dir, env
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	done := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			out.WriteString(sc.Text() + "\n")
+		}
+		close(done)
+	}()
+	err := cmd.Wait()
+	pw.Close()
+	<-done
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), code
+}
+
+// workTree copies the sample app dir into a fresh git work tree with one commit.
+func workTree(t *testing.T, env []string, app string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), app)
+	if err := os.CopyFS(dir, os.DirFS(filepath.Join("testdata", "apps", app))); err != nil {
+		t.Fatal(err)
+	}
+	git(t, env, dir, "init", "-q", "--initial-branch=main")
+	git(t, env, dir, "add", "-A")
+	git(t, env, dir, "commit", "-q", "-m", "first")
+	return dir
+}
+
+// commitFile writes body to name in the work tree and commits it.
+func commitFile(t *testing.T, env []string, dir, name, body, msg string) string {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	git(t, env, dir, "commit", "-q", "-am", msg)
+	return git(t, env, dir, "rev-parse", "HEAD")
+}
+
+// get fetches url through the router at routerAddr (so "APP.localhost" names need no
+// resolver) and returns the status code and body.
+func get(t *testing.T, routerAddr, url string) (int, string) {
+	t.Helper()
+	client := &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, routerAddr)
+		}},
+	}
+	resp, err := client.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// printedURL returns the first http(s) URL kpush printed on a "remote:" line.
+func printedURL(t *testing.T, out string) string {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(strings.TrimPrefix(line, "remote:"))
+		if strings.HasPrefix(line, "remote:") && len(f) == 1 && strings.HasPrefix(f[0], "http") {
+			return f[0]
+		}
+	}
+	t.Fatalf("no URL printed:\n%s", out)
+	return ""
+}
+
+// mustContain fails unless out has every line fragment in want.
+func mustContain(t *testing.T, out string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		if !strings.Contains(out, w) {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+}

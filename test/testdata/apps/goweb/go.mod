@@ -1,0 +1,3 @@
+module example.com/goweb
+
+go 1.22
