@@ -108,4 +108,3 @@ func userPublicKeys() []string {
 	keys, _ := filepath.Glob(filepath.Join(home, ".ssh", "*.pub"))
 	return keys
 }
-

@@ -363,20 +363,37 @@ func TestDeployRefusesUnmanaged(t *testing.T) {
 
 // TestDeployPollFallback waits for Ready through a clientset whose Watch always fails: a
 // fault the real API server does not produce on demand, injected by the wrapper below. The
-// poll fallback must still see Ready.
+// Service becomes Ready only after the watch has failed, so only the poll can see it.
 func TestDeployPollFallback(t *testing.T) {
 	f := newFixture(t, true)
+	f.standIn.Set("demo", knativetest.Outcome{Status: corev1.ConditionUnknown, Reason: "Deploying"})
 	log := slog.New(slog.NewTextHandler(f.logBuf, nil))
-	d := knative.New(noWatch{f.cs}, f.ns, knative.WithLogger(log), knative.WithPollInterval(100*time.Millisecond), knative.WithReadyTimeout(20*time.Second))
-	url, err := d.Deploy(f.ctx, release(digestA, commitA), &bytes.Buffer{})
-	if err != nil {
-		t.Fatalf("Deploy: %v", err)
+	d := knative.New(noWatch{f.cs}, f.ns, knative.WithLogger(log), knative.WithPollInterval(100*time.Millisecond), knative.WithReadyTimeout(30*time.Second))
+	type result struct {
+		url string
+		err error
 	}
-	if url != "http://demo."+f.ns+".example.com" {
-		t.Errorf("url = %q", url)
+	done := make(chan result, 1)
+	go func() {
+		url, err := d.Deploy(f.ctx, release(digestA, commitA), &bytes.Buffer{})
+		done <- result{url, err}
+	}()
+	for !strings.Contains(f.logBuf.String(), "polling instead") {
+		select {
+		case r := <-done:
+			t.Fatalf("Deploy returned %q, %v before its watch failed; log:\n%s", r.url, r.err, f.logBuf)
+		case <-f.ctx.Done():
+			t.Fatalf("watch failure never logged:\n%s", f.logBuf)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	if !strings.Contains(f.logBuf.String(), "polling instead") {
-		t.Errorf("watch failure not logged:\n%s", f.logBuf)
+	f.standIn.Set("demo", knativetest.Ready)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Deploy: %v", r.err)
+	}
+	if r.url != "http://demo."+f.ns+".example.com" {
+		t.Errorf("url = %q", r.url)
 	}
 }
 

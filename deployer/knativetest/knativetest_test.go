@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 	"knative.dev/pkg/apis"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	servingclientset "knative.dev/serving/pkg/client/clientset/versioned"
@@ -54,8 +55,16 @@ func TestStandIn(t *testing.T) {
 	}
 
 	si.Set("demo", knativetest.Outcome{Status: corev1.ConditionFalse, Reason: "RevisionFailed", Message: "boom"})
-	got.Spec.Template.Spec.Containers[0].Image = "registry.example/demo@sha256:" + sha('b')
-	if _, err := cs.ServingV1().Services(ns).Update(ctx, got, metav1.UpdateOptions{}); err != nil {
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error { // the stand-in writes status concurrently
+		s, err := cs.ServingV1().Services(ns).Get(ctx, "demo", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		s.Spec.Template.Spec.Containers[0].Image = "registry.example/demo@sha256:" + sha('b')
+		_, err = cs.ServingV1().Services(ns).Update(ctx, s, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatalf("updating Service: %v", err)
 	}
 	got = waitFor(t, ctx, cs, ns, "demo", func(s *servingv1.Service) bool {
