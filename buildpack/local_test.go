@@ -259,6 +259,36 @@ func TestBuildGoApp(t *testing.T) {
 	}
 }
 
+// TestBuildGoAppWithDependency downloads a module through the host's GOPROXY (a platform env
+// file) inside the sandbox, and finds it in the go-cache layer on the next build.
+func TestBuildGoAppWithDependency(t *testing.T) {
+	h := newHarness(t)
+	files := map[string]string{
+		"go.mod": "module example.com/dep\n\ngo 1.22\n\nrequire github.com/google/go-cmp v0.7.0\n",
+		"go.sum": "github.com/google/go-cmp v0.7.0 h1:wk8382ETsv4JYUZwIsn6YpYiWiBsYLSJiTsyBybVuN8=\n" +
+			"github.com/google/go-cmp v0.7.0/go.mod h1:pXiqmnSA92OHEEa9HXL2W4E7lf9JzCmGVUdgjX3N/iU=\n",
+		"main.go": "package main\n\nimport \"github.com/google/go-cmp/cmp\"\n\nfunc main() { println(cmp.Equal(1, 1)) }\n",
+	}
+	res, out, err := h.build(t, "dep", writeTree(t, files), nil)
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	checkAppImage(t, res.Image)
+	if !strings.Contains(out, "go: downloading github.com/google/go-cmp v0.7.0") {
+		t.Errorf("first build did not download go-cmp through GOPROXY:\n%s", out)
+	}
+	res2, out2, err := h.build(t, "dep", writeTree(t, files), nil)
+	if err != nil {
+		t.Fatalf("second build: %v\n%s", err, out2)
+	}
+	if strings.Contains(out2, "go: downloading") {
+		t.Errorf("second build downloaded modules again (module cache not restored):\n%s", out2)
+	}
+	if res2.Image != res.Image {
+		t.Errorf("rebuild digest %s != %s", res2.Image, res.Image)
+	}
+}
+
 // checkServes runs an app binary on the host with $PORT and expects body at /.
 func checkServes(t *testing.T, bin []byte, body string) {
 	t.Helper()

@@ -2,9 +2,11 @@ package buildpack
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -477,4 +479,41 @@ func runGoScript(t *testing.T, app, gocache string) (string, string, error) {
 	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOPROXY=off")
 	out, err := cmd.CombinedOutput()
 	return layers, string(out), err
+}
+
+func TestLockAppWaitsAndHonoursContext(t *testing.T) {
+	l := &Local{DataDir: t.TempDir()}
+	unlock, err := l.lockApp(context.Background(), "demo", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another app is not blocked.
+	u2, err := l.lockApp(context.Background(), "other", io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u2()
+	// The same app waits, says so, and gives up when ctx ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	var out bytes.Buffer
+	if _, err := l.lockApp(ctx, "demo", &out); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second lock: %v, want deadline exceeded", err)
+	}
+	if !strings.Contains(out.String(), "Waiting for another build of demo") {
+		t.Errorf("output %q", out.String())
+	}
+	// A second Local on the same DataDir (another process, as far as flock can tell) waits too.
+	other := &Local{DataDir: l.DataDir}
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel2()
+	if _, err := other.lockApp(ctx2, "demo", io.Discard); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("lock from another Local: %v, want deadline exceeded", err)
+	}
+	unlock()
+	u3, err := other.lockApp(context.Background(), "demo", io.Discard)
+	if err != nil {
+		t.Fatalf("lock after unlock: %v", err)
+	}
+	u3()
 }

@@ -286,7 +286,7 @@ func (s *Server) serveHook(w http.ResponseWriter, r *http.Request) {
 	}
 	push := &Push{
 		ID: ps.id, App: ps.app, Dir: ps.dir, User: ps.user,
-		Updates: req.Updates, Options: req.Options, GitEnv: req.GitEnv,
+		Updates: req.Updates, Options: req.Options, GitEnv: req.GitEnv, Done: ps.done,
 	}
 	ps.log.Info("deciding push", "updates", len(push.Updates), "options", len(push.Options))
 	err := s.callHandler(ctx, push, out)

@@ -28,6 +28,10 @@ type Push struct {
 	// GIT_ALTERNATE_OBJECT_DIRECTORIES and GIT_QUARANTINE_PATH (git-receive-pack(1),
 	// "QUARANTINE ENVIRONMENT"). Append it to a git command's env to read New objects.
 	GitEnv []string
+	// Done is closed once git receive-pack has exited: the ref updates the handler accepted
+	// have then been applied or refused. Hold a per-app lock until Done to serialise pushes
+	// through to their ref updates, not just through pre-receive. Nil outside gitserver.
+	Done <-chan struct{}
 }
 
 // Handler decides a push before its refs move. Everything written to out reaches the pusher

@@ -139,6 +139,7 @@ type pushState struct {
 	ctx       context.Context // the SSH session's
 	log       *slog.Logger
 	claimed   chan struct{} // closed when the pre-receive hook called in; a push has one
+	done      chan struct{} // closed when git receive-pack has exited (Push.Done)
 }
 
 func (p *pushState) claim() bool {
@@ -162,11 +163,12 @@ func (s *Server) receivePack(sess ssh.Session, app string) int {
 		return 1
 	}
 	ps := &pushState{id: id, token: token, app: app, dir: dir, user: userFrom(ctx), ctx: ctx, log: log,
-		claimed: make(chan struct{})}
+		claimed: make(chan struct{}), done: make(chan struct{})}
 	s.mu.Lock()
 	s.pushes[id] = ps
 	s.mu.Unlock()
 	defer func() {
+		close(ps.done)
 		s.mu.Lock()
 		delete(s.pushes, id)
 		s.mu.Unlock()

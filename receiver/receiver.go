@@ -40,7 +40,7 @@ type Pipeline struct {
 	Log     *slog.Logger
 
 	mu    sync.Mutex
-	locks map[string]*sync.Mutex
+	locks map[string]chan struct{} // per app, capacity 1
 }
 
 var _ gitserver.Handler = (*Pipeline)(nil)
@@ -76,8 +76,19 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 			"       to remove the app, ask an admin to destroy it", strings.TrimPrefix(branch, "refs/heads/"), push.App)
 	}
 
-	unlock := p.lock(push.App)
-	defer unlock()
+	// The lock is held until git has applied (or refused) this push's ref updates, so the
+	// next push of the app builds on the ref this one leaves.
+	unlock, err := p.lock(ctx, push.App)
+	if err != nil {
+		return failf(out, push, "gave up waiting for the app's previous push: %v", err)
+	}
+	defer func() {
+		if push.Done == nil {
+			unlock()
+			return
+		}
+		go func() { <-push.Done; unlock() }()
+	}()
 	// Another push may have moved the branch while this one waited for the lock; building
 	// now would deploy a commit whose ref update git is about to refuse.
 	if cur, err := refValue(push.Dir, branch); err != nil {
@@ -132,20 +143,24 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 	return nil
 }
 
-// lock serialises pushes per app within this process.
-func (p *Pipeline) lock(app string) (unlock func()) {
+// lock serialises pushes per app within this process. It gives up when ctx ends.
+func (p *Pipeline) lock(ctx context.Context, app string) (unlock func(), err error) {
 	p.mu.Lock()
 	if p.locks == nil {
-		p.locks = map[string]*sync.Mutex{}
+		p.locks = map[string]chan struct{}{}
 	}
 	l, ok := p.locks[app]
 	if !ok {
-		l = &sync.Mutex{}
+		l = make(chan struct{}, 1)
 		p.locks[app] = l
 	}
 	p.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+	select {
+	case l <- struct{}{}:
+		return func() { <-l }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 func (p *Pipeline) logger() *slog.Logger {

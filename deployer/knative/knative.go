@@ -39,18 +39,20 @@ const (
 
 // Defaults for New.
 const (
-	DefaultReadyTimeout      = 5 * time.Minute
-	DefaultPollInterval      = 2 * time.Second
-	DefaultMaxWriteAttempts  = 5
-	defaultConflictBackoffMs = 50
+	DefaultReadyTimeout     = 5 * time.Minute
+	DefaultPollInterval     = 2 * time.Second
+	DefaultMaxWriteAttempts = 5
 )
+
+// conflictBackoff is the pause before write attempt n+1 is n times this.
+const conflictBackoff = 50 * time.Millisecond
 
 // Errors returned (wrapped) by Deploy, Apply and WaitReady; test with errors.Is.
 var (
 	ErrInvalidRelease = errors.New("invalid release")
 	ErrNotManaged     = errors.New("service not managed by kpush")
 	ErrNotReady       = errors.New("service not ready")
-	ErrReadyTimeout   = errors.New("timed out waiting for service to become ready")
+	ErrReadyTimeout   = errors.New("service not ready in time")
 	ErrConflict       = errors.New("too many conflicting writes")
 )
 
@@ -310,7 +312,7 @@ func (d *Deployer) Apply(ctx context.Context, name string, m Mutation) (*serving
 		select {
 		case <-ctx.Done():
 			return nil, "", fmt.Errorf("writing Knative Service %s/%s: %w", d.ns, name, ctx.Err())
-		case <-time.After(time.Duration(attempt*defaultConflictBackoffMs) * time.Millisecond):
+		case <-time.After(time.Duration(attempt) * conflictBackoff):
 		}
 	}
 }

@@ -138,7 +138,7 @@ func (d *Deployer) WaitReady(ctx context.Context, name string, gen int64, out io
 		case <-ctx.Done():
 			return "", fmt.Errorf("waiting for Knative Service %s/%s to become Ready: %w", d.ns, name, ctx.Err())
 		case <-timeout.C:
-			return "", fmt.Errorf("%w: Knative Service %s/%s generation %d did not become Ready: timed out after %s; last seen: %s",
+			return "", fmt.Errorf("%w: Knative Service %s/%s generation %d timed out after %s waiting for Ready; last seen: %s",
 				ErrReadyTimeout, d.ns, name, gen, d.readyTimeout, last)
 		case <-poll.C:
 			rewatch = true
