@@ -407,8 +407,10 @@ func TestBuildEnvReachesBuildpacksNotImage(t *testing.T) {
 		"bin/build": "#!/bin/sh\nset -eu\n" +
 			"echo \"probe env: KPUSH_PROBE=${KPUSH_PROBE:-unset}\"\n" +
 			"echo \"probe file: $(cat \"$2/env/KPUSH_PROBE\")\"\n" +
-			"echo \"probe registry auth: ${CNB_REGISTRY_AUTH:-unset}\"\n",
+			"echo \"probe registry auth env: ${CNB_REGISTRY_AUTH:-unset}\"\n" +
+			"if cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n' | grep -q '^CNB_REGISTRY_AUTH='; then echo 'probe registry auth proc: readable'; else echo 'probe registry auth proc: hidden'; fi\n",
 	})
+	h.local.RegistryUsername, h.local.RegistryPassword = "user", "hunter2-password" // ggcr's registry accepts any
 	h.local.ExtraBuildpacks = append(h.local.ExtraBuildpacks, os.DirFS(probe))
 	h.local.Order = []Group{{{ID: ProcfileID}, {ID: "test/probe"}}}
 	src := writeTree(t, map[string]string{"Procfile": "web: sleep 1000\n"})
@@ -416,7 +418,8 @@ func TestBuildEnvReachesBuildpacksNotImage(t *testing.T) {
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
-	for _, want := range []string{"probe env: KPUSH_PROBE=s3cret-value", "probe file: s3cret-value", "probe registry auth: unset"} {
+	for _, want := range []string{"probe env: KPUSH_PROBE=s3cret-value", "probe file: s3cret-value",
+		"probe registry auth env: unset", "probe registry auth proc: hidden"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q", want)
 		}
