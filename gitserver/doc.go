@@ -12,9 +12,19 @@
 //	<dir>/ssh_host_ed25519_key   host key, OpenSSH PEM, 0600, made on first start
 //	<dir>/repos/<app>.git        bare repository of app, made on its first push
 //	<dir>/hooks/pre-receive      core.hooksPath of every repository; execs the hook command
+//	<dir>/state/access.json      users, keys and grants (package access; opened by the caller)
 //
-// A push goes: SSH exec "git-receive-pack '<app>'" → app name checked (ValidAppName) →
-// repository created if missing → git receive-pack runs with KPUSH_HOOK_URL, KPUSH_PUSH_ID and
+// Every repository has receive.hideRefs=refs/kpush (HiddenRefPrefix): pushes cannot touch
+// refs under it, fetches get them.
+//
+// Who gets in: WithAccess (users, keys and per-app roles from package access; an unregistered
+// key gets a session only to be told how to register it), or WithAuthorizedKeys /
+// WithAuthenticator (any listed key, every role). Exec requests that are not git services go
+// to WithCommandHandler.
+//
+// A push goes: SSH exec "git-receive-pack '<app>'" → the key's user looked up (WithAccess) →
+// app name checked (ValidAppName) → the deploy role checked, or the repository created if
+// missing (the pusher becomes the app's admin) → git receive-pack runs with KPUSH_HOOK_URL, KPUSH_PUSH_ID and
 // KPUSH_HOOK_TOKEN in its environment → git receives the objects into its quarantine and runs
 // hooks/pre-receive → that execs `kpush hook pre-receive`, i.e. RunHook → RunHook POSTs the
 // ref updates, push options and quarantine environment to the server's loopback HTTP endpoint

@@ -13,28 +13,96 @@ import (
 	"strings"
 )
 
+// HiddenRefPrefix is the ref namespace kpush keeps for itself (e.g.
+// refs/kpush/releases/v3, the source of a release). Every repository hides it from pushes
+// (receive.hideRefs, git-config(1)): git refuses to create, update or delete refs under it,
+// while git fetch still gets them.
+const HiddenRefPrefix = "refs/kpush"
+
+// ErrAppExists is returned (wrapped) by CreateRepo when the app's repository already exists.
+var ErrAppExists = errors.New("app already exists")
+
 // repoDir is where app's bare repository lives. app must have passed ValidAppName.
 func (s *Server) repoDir(app string) string {
 	return filepath.Join(s.reposDir, app+".git")
 }
 
-// ensureRepo returns app's repository, creating it when missing: `git init --bare` into a
+// RepoDir returns the absolute path of app's bare repository (<data>/repos/<app>.git) and
+// whether it exists. For a name that fails ValidAppName it returns "", false.
+func (s *Server) RepoDir(app string) (dir string, exists bool) {
+	if ValidAppName(app) != nil {
+		return "", false
+	}
+	dir = s.repoDir(app)
+	_, err := os.Stat(filepath.Join(dir, "HEAD"))
+	return dir, err == nil
+}
+
+// CreateRepo creates app's bare repository exactly as a first push does and returns its path.
+// It fails with an error wrapping ErrAppExists when the repository exists already (also when
+// a push created it a moment before), so two creators cannot both believe they made it; the
+// caller grants roles to the creator. The name must pass ValidAppName.
+func (s *Server) CreateRepo(ctx context.Context, app string) (string, error) {
+	if err := ValidAppName(app); err != nil {
+		return "", err
+	}
+	dir, created, err := s.createRepo(ctx, app, s.log.With("app", app))
+	if err != nil {
+		return "", err
+	}
+	if !created {
+		return dir, fmt.Errorf("creating app %s: %w", app, ErrAppExists)
+	}
+	return dir, nil
+}
+
+// DeleteRepo removes app's repository with everything in it (releases' source refs too). It
+// is first renamed out of the way, so a fetch sees it whole or not at all. A missing
+// repository is not an error. Callers make sure no push to app is running.
+func (s *Server) DeleteRepo(app string) error {
+	if err := ValidAppName(app); err != nil {
+		return err
+	}
+	dir := s.repoDir(app)
+	trash, err := os.MkdirTemp(s.reposDir, ".deleted-"+app+"-")
+	if err != nil {
+		return fmt.Errorf("deleting the repository of %s: %w", app, err)
+	}
+	if err := os.Rename(dir, filepath.Join(trash, "repo.git")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		os.Remove(trash)
+		return fmt.Errorf("deleting the repository of %s: %w", app, err)
+	}
+	if err := os.RemoveAll(trash); err != nil {
+		return fmt.Errorf("deleting the repository of %s: %w", app, err)
+	}
+	s.log.Info("repository deleted", "app", app, "dir", dir)
+	return nil
+}
+
+// ensureRepo returns app's repository, creating it when missing (createRepo).
+func (s *Server) ensureRepo(ctx context.Context, app string, log *slog.Logger) (string, error) {
+	dir, _, err := s.createRepo(ctx, app, log)
+	return dir, err
+}
+
+// createRepo returns app's repository, creating it when missing: `git init --bare` into a
 // temporary directory beside it, configured, then renamed into place, so a repository is
 // either absent or complete and two simultaneous first pushes end up in the same one.
-func (s *Server) ensureRepo(ctx context.Context, app string, log *slog.Logger) (string, error) {
-	dir := s.repoDir(app)
+// created is true for the one call that put the repository in place.
+func (s *Server) createRepo(ctx context.Context, app string, log *slog.Logger) (dir string, created bool, err error) {
+	dir = s.repoDir(app)
 	if _, err := os.Stat(dir); err == nil {
-		return dir, nil
+		return dir, false, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("checking repository %s: %w", dir, err)
+		return "", false, fmt.Errorf("checking repository %s: %w", dir, err)
 	}
 	tmp, err := os.MkdirTemp(s.reposDir, ".new-"+app+"-")
 	if err != nil {
-		return "", fmt.Errorf("creating repository for %s: %w", app, err)
+		return "", false, fmt.Errorf("creating repository for %s: %w", app, err)
 	}
 	defer os.RemoveAll(tmp) // after a successful rename there is nothing left to remove
 	if err := s.runLocalGit(ctx, "", "init", "--quiet", "--bare", "--initial-branch=main", "--template=", tmp); err != nil {
-		return "", fmt.Errorf("creating repository for %s: %w", app, err)
+		return "", false, fmt.Errorf("creating repository for %s: %w", app, err)
 	}
 	for _, kv := range [][2]string{
 		{"receive.advertisePushOptions", "true"}, // push options reach the hook
@@ -43,20 +111,21 @@ func (s *Server) ensureRepo(ctx context.Context, app string, log *slog.Logger) (
 		{"receive.unpackLimit", "1"},             // keep pushed packs as packs
 		{"receive.maxInputSize", strconv.FormatInt(s.maxPushSize, 10)},
 		{"core.hooksPath", s.hooksDir},
-		{"core.logAllRefUpdates", "always"}, // a bare repository keeps no reflog otherwise
+		{"core.logAllRefUpdates", "always"},   // a bare repository keeps no reflog otherwise
+		{"receive.hideRefs", HiddenRefPrefix}, // pushes cannot touch kpush's own refs
 	} {
 		if err := s.runLocalGit(ctx, tmp, "config", kv[0], kv[1]); err != nil {
-			return "", fmt.Errorf("configuring repository for %s: %w", app, err)
+			return "", false, fmt.Errorf("configuring repository for %s: %w", app, err)
 		}
 	}
 	if err := os.Rename(tmp, dir); err != nil {
 		if _, serr := os.Stat(filepath.Join(dir, "HEAD")); serr == nil {
-			return dir, nil // a simultaneous first push created it first
+			return dir, false, nil // a simultaneous first push created it first
 		}
-		return "", fmt.Errorf("creating repository for %s: %w", app, err)
+		return "", false, fmt.Errorf("creating repository for %s: %w", app, err)
 	}
 	log.Info("repository created", "dir", dir)
-	return dir, nil
+	return dir, true, nil
 }
 
 // setHeadIfEmpty points HEAD of the repository at dir to the first branch in updates when

@@ -32,7 +32,10 @@ const DefaultMaxPushSize int64 = 1 << 30
 // Create it with New, then call Serve or ListenAndServe; Shutdown stops it.
 type Server struct {
 	handler     Handler
-	auth        Authenticator
+	auth        Authenticator // nil with access
+	access      Access
+	commands    CommandHandler
+	publicAddr  string
 	log         *slog.Logger
 	git         string // absolute path of the git binary
 	dataDir     string // absolute
@@ -61,6 +64,9 @@ type config struct {
 	dataDir     string
 	keyFiles    []string
 	auth        Authenticator
+	access      Access
+	commands    CommandHandler
+	publicAddr  string
 	log         *slog.Logger
 	hookArgv    []string
 	maxPushSize int64
@@ -104,6 +110,50 @@ func WithAuthenticator(a Authenticator) Option {
 	}
 }
 
+// WithAccess makes a the judge of who is who and who may do what, instead of
+// WithAuthorizedKeys or WithAuthenticator (it excludes both). Every client whose public key
+// signature verifies gets in (RSA only with rsa-sha2-256/512 signatures); then, before
+// anything else, a key a does not know is answered with "key SHA256:… is not registered; ask
+// an admin to run: ssh -p PORT git@HOST keys:add NAME --user USER < key.pub" and exit status
+// 1. git upload-pack needs access.RoleRead on the app, git receive-pack access.RoleDeploy;
+// a push to an app that does not exist yet creates it, and its pusher gets access.RoleAdmin.
+// A refusal prints the *access.DeniedError text (user, app, role) and exits 1.
+func WithAccess(a Access) Option {
+	return func(c *config) error {
+		if a == nil {
+			return errors.New("WithAccess: nil Access")
+		}
+		c.access = a
+		return nil
+	}
+}
+
+// WithCommandHandler gives SSH exec requests that are not git services
+// (`ssh git@host apps:info demo`) to h, with the command line split like a POSIX shell would.
+// Without it such commands are refused. Interactive shells are refused either way.
+func WithCommandHandler(h CommandHandler) Option {
+	return func(c *config) error {
+		if h == nil {
+			return errors.New("WithCommandHandler: nil CommandHandler")
+		}
+		c.commands = h
+		return nil
+	}
+}
+
+// WithPublicAddr sets the "host:port" clients reach the server at (e.g. behind a load
+// balancer), used in messages that tell people which ssh command to run. Default: the local
+// address of the client's connection.
+func WithPublicAddr(hostPort string) Option {
+	return func(c *config) error {
+		if _, _, err := net.SplitHostPort(hostPort); err != nil {
+			return fmt.Errorf("WithPublicAddr: want host:port: %w", err)
+		}
+		c.publicAddr = hostPort
+		return nil
+	}
+}
+
 // WithLogger sets where the server logs (default: nowhere). Lines about a push carry
 // push_id, app, user and remote_addr.
 func WithLogger(l *slog.Logger) Option {
@@ -139,7 +189,7 @@ func WithMaxPushSize(bytes int64) Option {
 }
 
 // New returns a Server that gives pushes to h. It needs WithDataDir and one of
-// WithAuthorizedKeys or WithAuthenticator. It creates the data directory, the host key (on
+// WithAccess, WithAuthorizedKeys or WithAuthenticator. It creates the data directory, the host key (on
 // first start; the same key is used on every later start) and the pre-receive hook, and finds
 // the git binary (internal/tools: $KPUSH_TOOLS, .tools/bin, $PATH).
 func New(h Handler, opts ...Option) (*Server, error) {
@@ -156,12 +206,15 @@ func New(h Handler, opts ...Option) (*Server, error) {
 		return nil, errors.New("gitserver.New: no data directory: pass WithDataDir")
 	}
 	switch {
+	case c.access != nil && (c.auth != nil || c.keyFiles != nil):
+		return nil, errors.New("gitserver.New: WithAccess excludes WithAuthorizedKeys and WithAuthenticator: pass one")
+	case c.access != nil:
 	case c.auth != nil && c.keyFiles != nil:
 		return nil, errors.New("gitserver.New: WithAuthorizedKeys and WithAuthenticator exclude each other: pass one")
 	case c.keyFiles != nil:
 		c.auth = AuthorizedKeysFiles(c.keyFiles)
 	case c.auth == nil:
-		return nil, errors.New("gitserver.New: nobody could log in: pass WithAuthorizedKeys or WithAuthenticator")
+		return nil, errors.New("gitserver.New: nobody could log in: pass WithAccess, WithAuthorizedKeys or WithAuthenticator")
 	}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
@@ -184,6 +237,9 @@ func New(h Handler, opts ...Option) (*Server, error) {
 	s := &Server{
 		handler:     h,
 		auth:        c.auth,
+		access:      c.access,
+		commands:    c.commands,
+		publicAddr:  c.publicAddr,
 		log:         c.log,
 		git:         git,
 		dataDir:     dataDir,
@@ -211,6 +267,9 @@ func New(h Handler, opts ...Option) (*Server, error) {
 		HostSigners: []ssh.Signer{signer},
 		PublicKeyHandler: func(ctx ssh.Context, key ssh.PublicKey) bool {
 			return s.authenticate(ctx, key)
+		},
+		ServerConfigCallback: func(ssh.Context) *gossh.ServerConfig {
+			return &gossh.ServerConfig{PublicKeyAuthAlgorithms: pubKeyAuthAlgorithms}
 		},
 		PtyCallback: func(ctx ssh.Context, _ ssh.Pty) bool {
 			s.log.Info("refused pty request", "remote_addr", ctx.RemoteAddr().String(), "user", userFrom(ctx))
@@ -244,6 +303,12 @@ func userFrom(ctx ssh.Context) string {
 }
 
 func (s *Server) authenticate(ctx ssh.Context, key ssh.PublicKey) bool {
+	if s.access != nil {
+		// Any key whose signature verifies gets in, so that the session can tell the owner of an
+		// unregistered key how to register it (identify). x/crypto checks the signature after
+		// this returns true.
+		return true
+	}
 	user, err := s.auth.Authenticate(ctx, key)
 	if err != nil {
 		s.log.Info("refused public key", "remote_addr", ctx.RemoteAddr().String(),

@@ -147,7 +147,7 @@ func TestPushCreatesRepoAndCloneBack(t *testing.T) {
 		"receive.advertisePushOptions": "true", "receive.shallowUpdate": "true",
 		"uploadpack.allowFilter": "true", "receive.unpackLimit": "1",
 		"receive.maxInputSize": "1073741824", "core.hooksPath": filepath.Join(ts.dataDir, "hooks"),
-		"core.logAllRefUpdates": "always", "core.bare": "true",
+		"core.logAllRefUpdates": "always", "core.bare": "true", "receive.hideRefs": "refs/kpush",
 	} {
 		if got := serverGit(t, dir, "config", "--get", key); got != want {
 			t.Errorf("config %s = %q, want %q", key, got, want)

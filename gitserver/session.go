@@ -18,6 +18,8 @@ import (
 
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
+
+	"kpush.dev/kpush/gitserver/access"
 )
 
 // Session requests refused on a session channel before gliderlabs sees them: gliderlabs
@@ -102,6 +104,9 @@ func (s *Server) handleSession(sess ssh.Session) {
 			sess.Exit(1)
 		}
 	}()
+	if s.access != nil && !s.identify(sess) {
+		return
+	}
 	raw := sess.RawCommand()
 	if raw == "" {
 		s.refuse(sess, "interactive shells are not supported: this server only serves git (git push, git clone)")
@@ -120,10 +125,24 @@ func (s *Server) handleSession(sess ssh.Session) {
 	}
 }
 
-// runCommand runs a command that is not a git service and returns its exit status. This is
-// the seam for commands over SSH (`ssh git@host keys:add ...`): a command handler option
-// would be called here. For now every such command is refused.
+// runCommand runs a command that is not a git service and returns its exit status: the
+// WithCommandHandler's answer, or a refusal without one.
 func (s *Server) runCommand(ctx ssh.Context, sess ssh.Session, raw string) int {
+	if s.commands != nil {
+		args := sess.Command()
+		if len(args) == 0 { // blank, or gliderlabs' shell split failed
+			fmt.Fprintf(sess.Stderr(), "no command in %q: run help for the list of commands\n", raw)
+			return 1
+		}
+		word := args[0]
+		log := s.log.With("user", userFrom(ctx), "remote_addr", ctx.RemoteAddr().String(), "command", word)
+		log.Info("command started")
+		start := time.Now()
+		code := s.commands.RunCommand(ctx, &Command{User: userFrom(ctx), Args: args,
+			Stdin: sess, Stdout: sess, Stderr: sess.Stderr()})
+		log.Info("command finished", "exit_status", code, "duration", time.Since(start))
+		return code
+	}
 	word, _, _ := strings.Cut(raw, " ")
 	msg := fmt.Sprintf("unknown command %q: this server only serves git (git push, git clone)", word)
 	s.log.Info("refused command", "remote_addr", ctx.RemoteAddr().String(), "user", userFrom(ctx), "command", word)
@@ -156,11 +175,34 @@ func (s *Server) receivePack(sess ssh.Session, app string) int {
 	ctx := sess.Context()
 	id, token := newID(8), newID(24)
 	log := s.log.With("push_id", id, "app", app, "user", userFrom(ctx), "remote_addr", sess.RemoteAddr().String())
-	dir, err := s.ensureRepo(ctx, app, log)
-	if err != nil {
-		log.Error("creating repository", "err", err)
-		fmt.Fprintf(sess.Stderr(), "could not create the repository for app %s (push ID %s); the server log has details\n", app, id)
+	dir, exists := s.RepoDir(app)
+	if exists && !s.authorize(sess, app, access.RoleDeploy) {
 		return 1
+	}
+	if !exists {
+		// Any registered user may create an app by pushing to it and becomes its admin; if
+		// someone else created it meanwhile, this is an ordinary push to their app.
+		var (
+			created bool
+			err     error
+		)
+		dir, created, err = s.createRepo(ctx, app, log)
+		if err != nil {
+			log.Error("creating repository", "err", err)
+			fmt.Fprintf(sess.Stderr(), "could not create the repository for app %s (push ID %s); the server log has details\n", app, id)
+			return 1
+		}
+		switch {
+		case created && s.access != nil:
+			if err := s.access.SetGrant(app, userFrom(ctx), access.RoleAdmin); err != nil {
+				log.Error("granting the admin role to the creator of an app", "err", err)
+				fmt.Fprintf(sess.Stderr(), "could not make you admin of the new app %s (push ID %s); the server log has details\n", app, id)
+				return 1
+			}
+			log.Info("app created by push; its pusher is its admin")
+		case !created && !s.authorize(sess, app, access.RoleDeploy):
+			return 1
+		}
 	}
 	ps := &pushState{id: id, token: token, app: app, dir: dir, user: userFrom(ctx), ctx: ctx, log: log,
 		claimed: make(chan struct{}), done: make(chan struct{})}
@@ -179,6 +221,7 @@ func (s *Server) receivePack(sess ssh.Session, app string) int {
 		// Also in the repository's config; given here too so the server's current settings win.
 		"-c", "core.hooksPath=" + s.hooksDir,
 		"-c", "receive.maxInputSize=" + strconv.FormatInt(s.maxPushSize, 10),
+		"-c", "receive.hideRefs=" + HiddenRefPrefix,
 		"receive-pack", dir,
 	}
 	log.Info("push started")
@@ -191,10 +234,13 @@ func (s *Server) receivePack(sess ssh.Session, app string) int {
 func (s *Server) uploadPack(sess ssh.Session, app string) int {
 	ctx := sess.Context()
 	log := s.log.With("app", app, "user", userFrom(ctx), "remote_addr", sess.RemoteAddr().String())
-	dir := s.repoDir(app)
-	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+	dir, exists := s.RepoDir(app)
+	if !exists {
 		log.Info("fetch of missing app")
 		fmt.Fprintf(sess.Stderr(), "app %s does not exist; a first git push creates it\n", app)
+		return 1
+	}
+	if !s.authorize(sess, app, access.RoleRead) {
 		return 1
 	}
 	log.Info("fetch started")

@@ -13,6 +13,8 @@ import (
 	"testing"
 
 	gossh "golang.org/x/crypto/ssh"
+
+	"kpush.dev/kpush/gitserver/access"
 )
 
 // dialSSH logs in as the owner of the private key file key with the x/crypto client and
@@ -186,6 +188,9 @@ func TestNewRefusesBadOptions(t *testing.T) {
 		{"no data dir", &recorder{}, []Option{WithAuthenticator(auth)}, "WithDataDir"},
 		{"no auth", &recorder{}, []Option{WithDataDir(dir)}, "nobody could log in"},
 		{"both auths", &recorder{}, []Option{WithDataDir(dir), WithAuthenticator(auth), WithAuthorizedKeys("k")}, "exclude each other"},
+		{"access and keys", &recorder{}, []Option{WithDataDir(dir), WithAccess(&access.Store{}), WithAuthorizedKeys("k")}, "WithAccess excludes"},
+		{"nil access", &recorder{}, []Option{WithDataDir(dir), WithAccess(nil)}, "nil Access"},
+		{"nil command handler", &recorder{}, []Option{WithDataDir(dir), WithAuthenticator(auth), WithCommandHandler(nil)}, "nil CommandHandler"},
 		{"bad size", &recorder{}, []Option{WithDataDir(dir), WithAuthenticator(auth), WithMaxPushSize(0)}, "positive"},
 		{"relative hook", &recorder{}, []Option{WithDataDir(dir), WithAuthenticator(auth), WithHookCommand("kpush", "hook")}, "absolute"},
 	} {
