@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the tool binaries kpush runs beside itself (CNB lifecycle + launcher, distribution's
-# registry, kube-apiserver, etcd) from the Go module proxy, and bubblewrap + busybox from
+# Builds the tool binaries kpush runs beside itself and tests with (CNB lifecycle + launcher,
+# distribution's registry, kube-apiserver, etcd, helm, ko, Knative Serving's controller and
+# webhook) from the Go module proxy, and bubblewrap + busybox from
 # Debian's packages, into a cache directory keyed by the tools' go.mod/go.sum and this script.
 # A warm cache costs a hash and a symlink. Prints the tools directory on its last line.
 #
@@ -35,6 +36,10 @@ if [[ ! -f $dir/.complete ]]; then
 		kv+=" -X $p.gitVersion=v1.36.5 -X $p.gitMajor=1 -X $p.gitMinor=36 -X $p.gitTreeState=clean"
 	done
 	build kube-apiserver kube k8s.io/kubernetes/cmd/kube-apiserver "$kv"
+	build helm helm helm.sh/helm/v3/cmd/helm
+	build ko ko github.com/google/ko
+	build knative-controller knative knative.dev/serving/cmd/controller
+	build knative-webhook knative knative.dev/serving/cmd/webhook
 
 	# Debian packages, unpacked without installing (no root needed for this part).
 	deb() { # deb PACKAGE FILE-IN-PACKAGE NAME
