@@ -4,7 +4,7 @@ GO ?= go
 export KPUSH_TOOLS := $(CURDIR)/.tools/bin
 KPUSH_DATA ?= $(HOME)/.kpush
 
-.PHONY: all tools build dev test bench verify clean
+.PHONY: all tools build image dev test bench verify clean
 
 all: build
 
@@ -15,6 +15,12 @@ tools:
 ## build: build bin/kpush
 build:
 	$(GO) build -o bin/kpush ./cmd/kpush
+
+## image: build kpush's container image with ko (no Docker) onto a base made from Debian packages
+## (git, dash, libc, CA bundle), offline, into a local registry; prints REGISTRY/kpush@sha256:…
+## IMAGE_REGISTRY=host:port pushes to a running registry instead (see tools/image.sh)
+image: tools
+	@tools/image.sh
 
 ## dev: set up everything and run `kpush dev` (SSH 127.0.0.1:2222, apps on http://APP.localhost:8080)
 dev: tools build

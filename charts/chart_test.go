@@ -1,0 +1,492 @@
+// Package charts holds kpush's Helm chart (charts/kpush) and its tests: helm lint, helm
+// template with default and custom values, every rendered manifest created with server-side
+// dry-run on a real kube-apiserver with the Knative Serving CRDs (deployer/knativetest), and a
+// real helm install, upgrade, uninstall and reinstall on that server that must keep the SSH
+// host key.
+package charts
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+
+	"kpush.dev/kpush/deployer/knativetest"
+	"kpush.dev/kpush/internal/tools"
+)
+
+const (
+	chart       = "kpush"
+	hostKeyName = "ssh_host_ed25519_key"
+	adminKey    = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl alice@laptop"
+)
+
+// apiserver is shared by the package's tests; each test works in namespaces of its own.
+var apiserver *rest.Config
+
+func TestMain(m *testing.M) {
+	env, err := knativetest.New()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "charts:", err)
+		os.Exit(1)
+	}
+	apiserver = env.Config
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "charts:", err)
+	}
+	os.Exit(code)
+}
+
+// helm runs the helm binary that `make tools` builds and returns its stdout; a failure fails
+// the test with helm's stderr.
+func helm(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := helmErr(t, args...)
+	if err != nil {
+		t.Fatalf("helm %s: %v", strings.Join(args, " "), err)
+	}
+	return out
+}
+
+func helmErr(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	bin, err := tools.Path("helm")
+	if err != nil {
+		t.Fatalf("finding helm (run make tools): %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	// Helm's own state (repositories, cache) stays out of the user's home.
+	home := t.TempDir()
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+home+"/cache", "HELM_CONFIG_HOME="+home+"/config", "HELM_DATA_HOME="+home+"/data")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+// valueSets are the values the tests render the chart with: the defaults, everything
+// customised (testdata/custom-values.yaml plus app namespaces), and a host key Secret of the
+// user's own.
+func valueSets(appNamespaces ...string) map[string][]string {
+	custom := []string{"-f", "testdata/custom-values.yaml"}
+	if len(appNamespaces) > 0 {
+		custom = append(custom, "--set", "apps.namespaces={"+strings.Join(appNamespaces, ",")+"}")
+	}
+	return map[string][]string{
+		"default": nil,
+		"custom":  custom,
+		"existing host key": {"--set", "ssh.hostKey.existingSecret=my-host-key", "--set", "admin.publicKeys[0]=" + adminKey,
+			"--set", "ssh.service.type=ClusterIP", "--set", "serviceAccount.create=false", "--set", "rbac.create=false"},
+	}
+}
+
+func TestLint(t *testing.T) {
+	for name, values := range valueSets("apps-a", "apps-b") {
+		t.Run(name, func(t *testing.T) {
+			out := helm(t, append([]string{"lint", "--strict", chart}, values...)...)
+			if !strings.Contains(out, "0 chart(s) failed") {
+				t.Errorf("helm lint:\n%s", out)
+			}
+		})
+	}
+}
+
+// TestLintRefusesBadValues checks that values.schema.json turns mistakes into lint (and
+// install) errors that name the value.
+func TestLintRefusesBadValues(t *testing.T) {
+	for _, tc := range []struct{ set, want string }{
+		{"ssh.service.type=Ingress", "/ssh/service/type"},
+		{"registy.url=registry.example.com", "registy"},
+		{"apps.namespaces={Apps_1}", "/apps/namespaces/0"},
+		{"apps.readyTimeout=5 minutes", "/apps/readyTimeout"},
+		{"image.digest=latest", "/image/digest"},
+		{"admin.publicKeys[0]=AAAAC3NzaC1lZDI1NTE5", "/admin/publicKeys/0"},
+	} {
+		t.Run(tc.set, func(t *testing.T) {
+			out, err := helmErr(t, "lint", "--strict", chart, "--set", tc.set)
+			if err == nil || !strings.Contains(out+err.Error(), tc.want) {
+				t.Errorf("helm lint --set %s: err %v, want a failure naming %q:\n%s", tc.set, err, tc.want, out)
+			}
+		})
+	}
+}
+
+// TestTemplateServerDryRun renders the chart and creates every manifest with server-side
+// dry-run (DryRun=All): the API server decodes, defaults, validates (OpenAPI schemas,
+// including RBAC and the Knative CRDs) and admits each object without storing it.
+func TestTemplateServerDryRun(t *testing.T) {
+	appA, appB := knativetest.Namespace(t, apiserver), knativetest.Namespace(t, apiserver)
+	for name, values := range valueSets(appA, appB) {
+		t.Run(name, func(t *testing.T) {
+			ns := knativetest.Namespace(t, apiserver)
+			out := helm(t, append([]string{"template", "kpush", chart, "--namespace", ns}, values...)...)
+			objs := decode(t, out)
+			kinds := map[string]int{}
+			for _, o := range objs {
+				kinds[o.GetKind()]++
+				dryRunCreate(t, o, ns)
+			}
+			if kinds["ClusterRole"]+kinds["ClusterRoleBinding"] > 0 {
+				t.Errorf("rendered cluster-scoped RBAC %v; want namespaced Roles only", kinds)
+			}
+			for _, k := range []string{"StatefulSet", "Service"} {
+				if kinds[k] == 0 {
+					t.Errorf("no %s rendered; got %v", k, kinds)
+				}
+			}
+			checkRendered(t, name, ns, []string{appA, appB}, objs)
+		})
+	}
+}
+
+// checkRendered checks what each value set must have produced.
+func checkRendered(t *testing.T, name, ns string, appNamespaces []string, objs []*unstructured.Unstructured) {
+	t.Helper()
+	sts := find(t, objs, "StatefulSet", "")
+	pod := sts.Object["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+	c := pod["containers"].([]any)[0].(map[string]any)
+	env := map[string]string{}
+	for _, e := range c["env"].([]any) {
+		e := e.(map[string]any)
+		v, _ := e["value"].(string)
+		env[e["name"].(string)] = v
+	}
+	mounts := map[string]string{}
+	for _, m := range c["volumeMounts"].([]any) {
+		m := m.(map[string]any)
+		sub, _ := m["subPath"].(string)
+		mounts[m["mountPath"].(string)] = sub
+	}
+	// The host key Secret is mounted where gitserver looks for it, for every value set.
+	if env["KPUSH_DATA"] == "" || mounts[env["KPUSH_DATA"]+"/"+hostKeyName] != hostKeyName {
+		t.Errorf("host key not mounted at KPUSH_DATA/%s: env %v, mounts %v", hostKeyName, env, mounts)
+	}
+	if env["KPUSH_SSH_ADDR"] != ":2222" {
+		t.Errorf("KPUSH_SSH_ADDR = %q, want :2222", env["KPUSH_SSH_ADDR"])
+	}
+	svc := find(t, objs, "Service", "kpush")
+	svcSpec := svc.Object["spec"].(map[string]any)
+	port := svcSpec["ports"].([]any)[0].(map[string]any)
+
+	switch name {
+	case "default":
+		if env["KPUSH_NAMESPACE"] != ns {
+			t.Errorf("KPUSH_NAMESPACE = %q, want the release namespace %s", env["KPUSH_NAMESPACE"], ns)
+		}
+		if _, ok := env["KPUSH_AUTHORIZED_KEYS"]; ok {
+			t.Errorf("KPUSH_AUTHORIZED_KEYS set without admin.publicKeys")
+		}
+		if svcSpec["type"] != "LoadBalancer" || fmt.Sprint(port["port"]) != "22" {
+			t.Errorf("SSH Service: type %v port %v, want LoadBalancer 22", svcSpec["type"], port["port"])
+		}
+		if c["image"] != "ghcr.io/kpush/kpush:0.1.0" {
+			t.Errorf("image = %v, want ghcr.io/kpush/kpush:<appVersion>", c["image"])
+		}
+		find(t, objs, "Secret", "kpush-ssh-host-key")
+		roleRules(t, objs, ns, "kpush-apps")
+	case "custom":
+		want := map[string]string{
+			"KPUSH_NAMESPACE":         appNamespaces[0],
+			"KPUSH_REGISTRY":          "registry.example.com/apps",
+			"KPUSH_REGISTRY_SECRET":   "registry-push",
+			"KPUSH_RUN_IMAGE":         "registry.example.com/cnb/run@sha256:2222222222222222222222222222222222222222222222222222222222222222",
+			"KPUSH_BUILDER_IMAGE":     "registry.example.com/cnb/builder@sha256:1111111111111111111111111111111111111111111111111111111111111111",
+			"KPUSH_BUILDER_RESOURCES": `{"limits":{"memory":"2Gi"},"requests":{"cpu":"500m","memory":"1Gi"}}`,
+			"KPUSH_READY_TIMEOUT":     "90s",
+			"KPUSH_AUTHORIZED_KEYS":   "/etc/kpush/admin/authorized_keys",
+			"DOCKER_CONFIG":           "/etc/kpush/registry",
+			"KPUSH_EXTRA":             "1",
+		}
+		for k, v := range want {
+			if env[k] != v {
+				t.Errorf("env %s = %q, want %q", k, env[k], v)
+			}
+		}
+		if svcSpec["type"] != "NodePort" || fmt.Sprint(port["nodePort"]) != "30022" || fmt.Sprint(port["port"]) != "2022" {
+			t.Errorf("SSH Service: type %v port %v nodePort %v, want NodePort 2022 30022", svcSpec["type"], port["port"], port["nodePort"])
+		}
+		if !strings.HasSuffix(c["image"].(string), "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef") {
+			t.Errorf("image = %v, want the digest", c["image"])
+		}
+		keys := find(t, objs, "ConfigMap", "kpush-admin-keys").Object["data"].(map[string]any)["authorized_keys"].(string)
+		if lines := strings.Split(strings.TrimSpace(keys), "\n"); len(lines) != 3 {
+			t.Errorf("authorized_keys has %d lines, want 3 (one per key):\n%s", len(lines), keys)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(keys), "\n") {
+			if _, _, _, _, err := gossh.ParseAuthorizedKey([]byte(l)); err != nil {
+				t.Errorf("authorized_keys line %q: %v", l, err)
+			}
+		}
+		for _, app := range appNamespaces {
+			roleRules(t, objs, app, "kpush-apps")
+		}
+		if find(t, objs, "ServiceAccount", "").GetName() != "kpush-sa" {
+			t.Errorf("ServiceAccount name is not serviceAccount.name")
+		}
+	case "existing host key":
+		for _, o := range objs {
+			if o.GetKind() == "Secret" {
+				t.Errorf("rendered Secret %s although ssh.hostKey.existingSecret is set", o.GetName())
+			}
+			if strings.HasPrefix(o.GetKind(), "Role") || o.GetKind() == "ServiceAccount" {
+				t.Errorf("rendered %s %s with rbac.create=false and serviceAccount.create=false", o.GetKind(), o.GetName())
+			}
+		}
+		var secretName string
+		for _, v := range pod["volumes"].([]any) {
+			if s, ok := v.(map[string]any)["secret"].(map[string]any); ok && v.(map[string]any)["name"] == "ssh-host-key" {
+				secretName = s["secretName"].(string)
+			}
+		}
+		if secretName != "my-host-key" {
+			t.Errorf("host key volume uses Secret %q, want my-host-key", secretName)
+		}
+	}
+}
+
+// roleRules checks that the Role name in namespace ns lets kpush write Knative Services.
+func roleRules(t *testing.T, objs []*unstructured.Unstructured, ns, name string) {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() != "Role" || o.GetNamespace() != ns || o.GetName() != name {
+			continue
+		}
+		for _, r := range o.Object["rules"].([]any) {
+			r := r.(map[string]any)
+			if fmt.Sprint(r["apiGroups"]) == "[serving.knative.dev]" && fmt.Sprint(r["resources"]) == "[services]" &&
+				slices.Contains(r["verbs"].([]any), any("create")) && slices.Contains(r["verbs"].([]any), any("watch")) {
+				return
+			}
+		}
+		t.Errorf("Role %s/%s does not allow create and watch on Knative Services: %v", ns, name, o.Object["rules"])
+		return
+	}
+	t.Errorf("no Role %s in namespace %s", name, ns)
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && (name == "" || o.GetName() == name) {
+			return o
+		}
+	}
+	t.Fatalf("no %s %q rendered", kind, name)
+	return nil
+}
+
+// decode splits helm's multi-document YAML into objects.
+func decode(t *testing.T, manifests string) []*unstructured.Unstructured {
+	t.Helper()
+	d := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(manifests), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		err := d.Decode(&m)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("decoding rendered manifests: %v\n%s", err, manifests)
+		}
+		if len(m) == 0 {
+			continue
+		}
+		objs = append(objs, &unstructured.Unstructured{Object: m})
+	}
+	if len(objs) == 0 {
+		t.Fatalf("helm rendered no manifests")
+	}
+	return objs
+}
+
+func dynamicClient(t *testing.T) (dynamic.Interface, meta.RESTMapper) {
+	t.Helper()
+	dc, err := discovery.NewDiscoveryClientForConfig(apiserver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(apiserver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dyn, restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+}
+
+// dryRunCreate creates o with DryRun=All, in defaultNS when the template left the namespace
+// out.
+func dryRunCreate(t *testing.T, o *unstructured.Unstructured, defaultNS string) {
+	t.Helper()
+	dyn, mapper := dynamicClient(t)
+	gvk := o.GroupVersionKind()
+	m, err := mapper.RESTMapping(schema.GroupKind{Group: gvk.Group, Kind: gvk.Kind}, gvk.Version)
+	if err != nil {
+		t.Errorf("%s %s: no such resource on the API server: %v", gvk.Kind, o.GetName(), err)
+		return
+	}
+	var r dynamic.ResourceInterface = dyn.Resource(m.Resource)
+	if m.Scope.Name() == meta.RESTScopeNameNamespace {
+		ns := o.GetNamespace()
+		if ns == "" {
+			ns = defaultNS
+		}
+		r = dyn.Resource(m.Resource).Namespace(ns)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := r.Create(ctx, o, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"}); err != nil {
+		t.Errorf("server-side dry-run of %s %s/%s: %v", gvk.Kind, o.GetNamespace(), o.GetName(), err)
+	}
+}
+
+// TestHostKeyKeptAcrossUpgrade installs the chart for real on the API server, upgrades it with
+// changed values, uninstalls and reinstalls it, and checks that the SSH host key Secret never
+// changes; that x/crypto/ssh (what gitserver uses) reads the generated key as ed25519; and that
+// the fingerprint command in NOTES.txt prints the key's SHA256 fingerprint.
+func TestHostKeyKeptAcrossUpgrade(t *testing.T) {
+	ns := knativetest.Namespace(t, apiserver)
+	kc := knativetest.WriteKubeconfig(t, apiserver, ns)
+	base := []string{"kpush", chart, "--namespace", ns, "--kubeconfig", kc}
+	kcs, err := kubernetes.NewForConfig(apiserver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostKey := func() []byte {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, err := kcs.CoreV1().Secrets(ns).Get(ctx, "kpush-ssh-host-key", metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("reading the host key Secret: %v", err)
+		}
+		return s.Data[hostKeyName]
+	}
+
+	// A render without the cluster makes a new key each time: it is lookup that keeps it.
+	k1 := renderedHostKey(t, helm(t, append([]string{"template"}, base[:2]...)...))
+	k2 := renderedHostKey(t, helm(t, append([]string{"template"}, base[:2]...)...))
+	if bytes.Equal(k1, k2) {
+		t.Fatalf("two offline renders gave the same host key; the generator is not random")
+	}
+
+	notes := helm(t, append(append([]string{"install"}, base...), "--set", "admin.publicKeys[0]="+adminKey, "--set", "registry.url=registry.example.com/apps")...)
+	key := hostKey()
+	signer, err := gossh.ParsePrivateKey(key)
+	if err != nil {
+		t.Fatalf("x/crypto/ssh cannot parse the generated host key: %v\n%s", err, key)
+	}
+	if typ := signer.PublicKey().Type(); typ != gossh.KeyAlgoED25519 {
+		t.Fatalf("host key type %s, want %s", typ, gossh.KeyAlgoED25519)
+	}
+	checkNotes(t, notes, ns, key, gossh.FingerprintSHA256(signer.PublicKey()))
+
+	// What `helm upgrade` renders, seen before it applies anything: lookup reaches the server.
+	dry := helm(t, append(append([]string{"upgrade"}, base...), "--reuse-values", "--dry-run=server", "--set", "registry.url=other.example.com/apps")...)
+	if got := renderedHostKey(t, dry); !bytes.Equal(got, key) {
+		t.Errorf("helm upgrade --dry-run=server renders another host key:\n%s\nwant\n%s", got, key)
+	}
+	helm(t, append(append([]string{"upgrade"}, base...), "--reuse-values", "--set", "registry.url=other.example.com/apps")...)
+	if got := hostKey(); !bytes.Equal(got, key) {
+		t.Errorf("helm upgrade changed the host key:\n%s\nwant\n%s", got, key)
+	}
+	helm(t, append([]string{"uninstall"}, base[0], "--namespace", ns, "--kubeconfig", kc)...)
+	if got := hostKey(); !bytes.Equal(got, key) {
+		t.Errorf("host key changed or removed by helm uninstall")
+	}
+	helm(t, append(append([]string{"install"}, base...), "--set", "admin.publicKeys[0]="+adminKey, "--set", "registry.url=registry.example.com/apps")...)
+	if got := hostKey(); !bytes.Equal(got, key) {
+		t.Errorf("reinstall after uninstall changed the host key")
+	}
+	// The ConfigMap and StatefulSet of the release exist: the install did apply.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := kcs.AppsV1().StatefulSets(ns).Get(ctx, "kpush", metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		t.Errorf("helm install created no StatefulSet")
+	}
+}
+
+// renderedHostKey returns the decoded host key of the Secret in helm's output.
+func renderedHostKey(t *testing.T, out string) []byte {
+	t.Helper()
+	// helm install/upgrade print NOTES after the manifests; decode only the manifests.
+	if i := strings.Index(out, "\nNOTES:"); i >= 0 {
+		out = out[:i]
+	}
+	if i := strings.Index(out, "\n---"); i >= 0 && !strings.HasPrefix(out, "---") {
+		out = out[i:] // drop helm's release summary before the first document
+	}
+	for _, o := range decode(t, out) {
+		if o.GetKind() != "Secret" {
+			continue
+		}
+		v, _ := o.Object["data"].(map[string]any)[hostKeyName].(string)
+		b, err := base64.StdEncoding.DecodeString(v)
+		if err != nil {
+			t.Fatalf("host key in Secret %s: %v", o.GetName(), err)
+		}
+		return b
+	}
+	t.Fatalf("no host key Secret in:\n%s", out)
+	return nil
+}
+
+// checkNotes checks that NOTES.txt gives the git remote line and a fingerprint command that,
+// run on the key in the Secret, prints fp.
+func checkNotes(t *testing.T, notes, ns string, key []byte, fp string) {
+	t.Helper()
+	if !strings.Contains(notes, "git remote add knative ssh://git@$HOST:$PORT/hello") {
+		t.Errorf("NOTES lack the git remote add line:\n%s", notes)
+	}
+	if !strings.Contains(notes, "ssh-keyscan -t ed25519 -p $PORT $HOST") {
+		t.Errorf("NOTES lack the ssh-keyscan command:\n%s", notes)
+	}
+	kubectl := "kubectl -n " + ns + " get secret kpush-ssh-host-key -o jsonpath='{.data.ssh_host_ed25519_key}'"
+	var line string
+	for _, l := range strings.Split(notes, "\n") {
+		if strings.Contains(l, kubectl) {
+			line = strings.TrimSpace(l)
+		}
+	}
+	if line == "" {
+		t.Fatalf("NOTES lack the command %q:\n%s", kubectl, notes)
+	}
+	if _, err := exec.LookPath("openssl"); err != nil {
+		t.Fatalf("openssl is needed to check the fingerprint command of NOTES.txt (apt-get install openssl): %v", err)
+	}
+	// The same pipeline, fed the Secret's data instead of kubectl's output.
+	script := strings.Replace(line, kubectl, "printf %s '"+base64.StdEncoding.EncodeToString(key)+"'", 1)
+	out, err := exec.Command("sh", "-c", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("NOTES fingerprint command: %v\n%s\n%s", err, script, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != fp {
+		t.Errorf("NOTES fingerprint command printed %q, want %q", got, fp)
+	}
+}

@@ -1,0 +1,49 @@
+{{/* Full name of the release's objects: the release name, with "-kpush" unless it contains it. */}}
+{{- define "kpush.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kpush.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "kpush.labels" -}}
+{{ include "kpush.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "kpush.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "kpush.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kpush.hostKeySecretName" -}}
+{{- default (printf "%s-ssh-host-key" (include "kpush.fullname" .)) .Values.ssh.hostKey.existingSecret -}}
+{{- end -}}
+
+{{/* The namespaces apps go to, as a list: apps.namespaces, else the release namespace. */}}
+{{- define "kpush.appNamespaces" -}}
+{{- if .Values.apps.namespaces -}}
+{{- toJson (uniq .Values.apps.namespaces) -}}
+{{- else -}}
+{{- toJson (list .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kpush.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
