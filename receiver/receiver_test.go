@@ -124,7 +124,8 @@ func TestPreReceive(t *testing.T) {
 		wantOut    []string
 	}{
 		{"deploy branch", []gitserver.RefUpdate{{Old: gitserver.ZeroID, New: commit, Name: "refs/heads/main"}}, nil, nil, false, 1,
-			[]string{"-----> Building demo from main (" + commit[:7] + "), pushed by alice", "       built", "-----> Deploying " + digest, "       http://demo.example.com"}},
+			[]string{"-----> Building demo from main (" + commit[:7] + "), pushed by alice, release v1", "       built", "-----> Deploying " + digest,
+				"-----> Released demo v1 (" + commit[:7] + ")", "       http://demo.example.com"}},
 		{"other branch", []gitserver.RefUpdate{{Old: gitserver.ZeroID, New: commit, Name: "refs/heads/feature"}}, nil, nil, false, 0,
 			[]string{"Stored refs/heads/feature at " + commit[:7] + "; deploys come from main, not building"}},
 		{"build fails", []gitserver.RefUpdate{{Old: gitserver.ZeroID, New: commit, Name: "refs/heads/main"}}, errors.New("build failed: see the buildpack output above"), nil, true, 1,
@@ -139,7 +140,12 @@ func TestPreReceive(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			builds := 0
+			store, err := OpenStore(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
 			p := &Pipeline{
+				Store:    store,
 				Registry: "127.0.0.1:5000/kpush",
 				Builder: builderFunc(func(ctx context.Context, r buildpack.Request, out io.Writer) (buildpack.Result, error) {
 					builds++
@@ -160,7 +166,7 @@ func TestPreReceive(t *testing.T) {
 				}),
 			}
 			var out bytes.Buffer
-			err := p.PreReceive(context.Background(), &gitserver.Push{ID: "p1", App: "demo", Dir: bare, User: "alice", Updates: tt.updates}, &out)
+			err = p.PreReceive(context.Background(), &gitserver.Push{ID: "p1", App: "demo", Dir: bare, User: "alice", Updates: tt.updates}, &out)
 			if (err != nil) != tt.wantErr {
 				t.Errorf("err = %v, wantErr %v", err, tt.wantErr)
 			}

@@ -8,18 +8,20 @@ import (
 )
 
 // devServer starts `kpush dev` on fresh loopback ports with a fresh data dir and returns it,
-// the router's address, and a git environment whose key kpush accepts.
-func devServer(t *testing.T) (s *server, httpAddr string, env []string) {
+// the router's address, and a git environment whose key kpush accepts (s.key, of the admin
+// "alice"). extra are more `kpush dev` flags.
+func devServer(t *testing.T, extra ...string) (s *server, httpAddr string, env []string) {
 	t.Helper()
 	requireTools(t, "lifecycle", "launcher", "registry", "bwrap", "busybox")
 	dir := t.TempDir()
 	key := sshKey(t, dir, "alice")
 	sshAddr, httpAddr := freeAddr(t), freeAddr(t)
-	s = start(t, sshAddr, "dev",
+	s = start(t, sshAddr, append([]string{"dev",
 		"--data", filepath.Join(dir, "data"),
 		"--ssh-addr", sshAddr,
 		"--http-addr", httpAddr,
-		"--authorized-keys", key+".pub")
+		"--authorized-keys", key + ".pub"}, extra...)...)
+	s.key = key
 	return s, httpAddr, gitEnv(key)
 }
 
@@ -40,7 +42,7 @@ func TestDevPushDeploys(t *testing.T) {
 			t.Fatalf("git push exited %d:\n%s", code, out)
 		}
 		mustContain(t, out,
-			"remote: -----> Building goweb from main ("+first[:7]+"), pushed by alice",
+			"remote: -----> Building goweb from main ("+first[:7]+"), pushed by alice, release v1",
 			"remote: -----> Deploying ",
 			"remote: -----> Released goweb",
 		)

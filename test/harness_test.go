@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"syscall"
 	"testing"
@@ -81,6 +83,10 @@ type server struct {
 	cmd     *exec.Cmd
 	sshAddr string
 	logPath string
+	args    []string      // what kpush was started with (restart)
+	key     string        // private key of an admin, when the test made one (sshCmd)
+	exited  chan struct{} // closed when the process has exited
+	stopped bool
 }
 
 // start runs kpush with args, writing its log to a file that is printed when the test
@@ -98,8 +104,8 @@ func start(t *testing.T, sshAddr string, args ...string) *server {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &server{cmd: cmd, sshAddr: sshAddr, logPath: logPath}
 	exited := make(chan struct{})
+	s := &server{cmd: cmd, sshAddr: sshAddr, logPath: logPath, args: args, exited: exited}
 	go func() { cmd.Wait(); logf.Close(); close(exited) }()
 	t.Cleanup(func() {
 		s.stop(t, exited)
@@ -128,6 +134,10 @@ func start(t *testing.T, sshAddr string, args ...string) *server {
 }
 
 func (s *server) stop(t *testing.T, exited chan struct{}) {
+	if s.stopped {
+		return
+	}
+	s.stopped = true
 	syscall.Kill(s.cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-exited:
@@ -259,5 +269,77 @@ func mustContain(t *testing.T, out string, want ...string) {
 		if !strings.Contains(out, w) {
 			t.Errorf("output lacks %q:\n%s", w, out)
 		}
+	}
+}
+
+// restart stops kpush (SIGTERM, as an operator would) and starts it again with the same
+// arguments: the same data dir and ports.
+func (s *server) restart(t *testing.T) *server {
+	t.Helper()
+	s.stop(t, s.exited)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		l, err := net.Listen("tcp", s.sshAddr)
+		if err == nil {
+			l.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still taken 10s after kpush stopped: %v", s.sshAddr, err)
+		}
+	}
+	n := start(t, s.sshAddr, s.args...)
+	n.key = s.key
+	return n
+}
+
+// sshResult is what one `ssh git@host COMMAND` run printed and its exit status.
+type sshResult struct {
+	stdout, stderr string
+	code           int
+}
+
+// sshCmd runs the system OpenSSH client with key against kpush: `ssh -p PORT git@127.0.0.1
+// args...`, with stdin as its input, and returns what it printed and its exit status.
+func sshCmd(t *testing.T, s *server, key, stdin string, args ...string) sshResult {
+	t.Helper()
+	host, port, err := net.SplitHostPort(s.sshAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := append([]string{"-p", port, "-i", key, "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no",
+		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "git@" + host}, args...)
+	cmd := exec.Command("ssh", argv...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("ssh %s: %v", strings.Join(args, " "), err)
+	}
+	return sshResult{stdout.String(), stderr.String(), code}
+}
+
+// kpushOK runs an SSH command as the server's admin and fails the test unless it exits 0;
+// it returns stdout.
+func kpushOK(t *testing.T, s *server, args ...string) string {
+	t.Helper()
+	r := sshCmd(t, s, s.key, "", args...)
+	if r.code != 0 {
+		t.Fatalf("ssh … %s exited %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+// kpushJSON runs an SSH command as the server's admin and decodes its stdout into v (a
+// pointer; what it pointed at is zeroed first, so maps are not merged into).
+func kpushJSON(t *testing.T, s *server, v any, args ...string) {
+	t.Helper()
+	out := kpushOK(t, s, args...)
+	reflect.ValueOf(v).Elem().SetZero()
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("ssh … %s: output is not JSON: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }

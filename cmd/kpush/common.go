@@ -14,7 +14,9 @@ import (
 	"github.com/spf13/pflag"
 
 	"kpush.dev/kpush/gitserver"
+	"kpush.dev/kpush/gitserver/access"
 	"kpush.dev/kpush/receiver"
+	"kpush.dev/kpush/receiver/commands"
 )
 
 // gitConfig is what both modes share: where git pushes arrive and who may push.
@@ -55,16 +57,33 @@ func (c *gitConfig) validate() error {
 }
 
 // serveGit runs the SSH git server with the pipeline until ctx ends, then shuts it down,
-// letting running pushes finish for up to grace.
+// letting running pushes finish for up to grace. It opens the app state (<data>/state/apps)
+// and the access store (<data>/state/access.json), registers the authorized keys as server
+// admins, and serves the SSH commands (receiver/commands) beside git.
 func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.Logger, grace time.Duration) error {
+	store, err := receiver.OpenStore(c.DataDir)
+	if err != nil {
+		return fmt.Errorf("opening app state: %w", err)
+	}
+	acc, err := access.Open(c.DataDir, access.WithLogger(log))
+	if err != nil {
+		return err
+	}
+	if err := acc.Bootstrap(c.AuthorizedKeys...); err != nil {
+		return fmt.Errorf("registering the admins of --authorized-keys: %w", err)
+	}
+	p.Store, p.Access = store, acc
+	cmds := &commands.Handler{Apps: p, Access: acc, SSH: sshHint(c.SSHAddr)}
 	srv, err := gitserver.New(p,
 		gitserver.WithDataDir(c.DataDir),
-		gitserver.WithAuthorizedKeys(c.AuthorizedKeys...),
+		gitserver.WithAccess(acc),
+		gitserver.WithCommandHandler(cmds),
 		gitserver.WithLogger(log),
 	)
 	if err != nil {
 		return err
 	}
+	p.Repos = srv
 	l, err := net.Listen("tcp", c.SSHAddr)
 	if err != nil {
 		return fmt.Errorf("listening for SSH: %w", err)
@@ -84,6 +103,21 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 		srv.Close()
 	}
 	return nil
+}
+
+// sshHint is how people reach the server at addr, for messages: "ssh -p 2222 git@127.0.0.1".
+func sshHint(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "ssh git@HOST"
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "HOST"
+	}
+	if port == "22" {
+		return "ssh git@" + host
+	}
+	return "ssh -p " + port + " git@" + host
 }
 
 func portOf(addr string) (int, error) {

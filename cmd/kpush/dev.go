@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/BurntSushi/toml"
 	"github.com/spf13/cobra"
 
 	"kpush.dev/kpush/buildpack"
@@ -23,6 +25,7 @@ func devCommand() *cobra.Command {
 		c            gitConfig
 		httpAddr     string
 		registryPort int
+		buildpacks   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -71,8 +74,14 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 				log.Warn("restoring apps", "err", err)
 			}
 
+			builder := &buildpack.Local{DataDir: c.DataDir, Log: log}
+			if len(buildpacks) > 0 {
+				if builder.ExtraBuildpacks, builder.Order, err = extraBuildpacks(buildpacks); err != nil {
+					return err
+				}
+			}
 			p := &receiver.Pipeline{
-				Builder:  &buildpack.Local{DataDir: c.DataDir, Log: log},
+				Builder:  builder,
 				Deployer: rt,
 				Registry: reg.Addr() + "/kpush",
 				WorkDir:  filepath.Join(c.DataDir, "tmp"),
@@ -87,6 +96,7 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 	}
 	c.flags(cmd.Flags(), defaultDataDir(), "127.0.0.1:2222")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", envOr("HTTP_ADDR", "127.0.0.1:8080"), "address of the router that serves apps as http://APP.localhost:PORT/ (env KPUSH_HTTP_ADDR)")
+	cmd.Flags().StringArrayVar(&buildpacks, "buildpack", nil, "directory of an extra buildpack (buildpack.toml, bin/detect, bin/build), run as optional in front of every group of the default order; repeatable")
 	cmd.Flags().IntVar(&registryPort, "registry-port", 0, "port of the local registry on 127.0.0.1 (default: a free one, kept in the data dir)")
 	return cmd
 }
@@ -107,4 +117,34 @@ func userPublicKeys() []string {
 	}
 	keys, _ := filepath.Glob(filepath.Join(home, ".ssh", "*.pub"))
 	return keys
+}
+
+// extraBuildpacks loads the buildpack directories dirs and returns them with kpush's default
+// order, each of them added as optional in front of every group, in the order given.
+func extraBuildpacks(dirs []string) ([]fs.FS, []buildpack.Group, error) {
+	var (
+		bps   []fs.FS
+		front buildpack.Group
+	)
+	for _, d := range dirs {
+		var desc struct {
+			Buildpack struct {
+				ID      string `toml:"id"`
+				Version string `toml:"version"`
+			} `toml:"buildpack"`
+		}
+		if _, err := toml.DecodeFile(filepath.Join(d, "buildpack.toml"), &desc); err != nil {
+			return nil, nil, fmt.Errorf("--buildpack %s: reading buildpack.toml: %w", d, err)
+		}
+		if desc.Buildpack.ID == "" {
+			return nil, nil, fmt.Errorf("--buildpack %s: buildpack.toml has no [buildpack] id", d)
+		}
+		bps = append(bps, os.DirFS(d))
+		front = append(front, buildpack.GroupEntry{ID: desc.Buildpack.ID, Optional: true})
+	}
+	var order []buildpack.Group
+	for _, g := range buildpack.DefaultOrder() {
+		order = append(order, append(append(buildpack.Group{}, front...), g...))
+	}
+	return bps, order, nil
 }

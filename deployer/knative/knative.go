@@ -2,8 +2,10 @@
 // https://knative.dev/docs/serving/reference/serving-api/) and waits until they are Ready.
 //
 // Every write is a read-modify-write of one Service that carries the resourceVersion it read;
-// each operation changes only the fields it owns (a Mutation), so a conflict with another
-// writer is resolved by re-reading and re-applying those fields, never by overwriting theirs.
+// each operation changes only the fields it owns, so a conflict with another writer is
+// resolved by re-reading and re-applying those fields, never by overwriting theirs. Deploy,
+// DeployFrom and ApplyPlan (plan.go) also remember the value each owned field was planned on
+// and fail with ErrFieldConflict when another writer changed that same field meanwhile.
 package knative
 
 import (
@@ -14,6 +16,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -30,11 +33,12 @@ import (
 
 // Labels and annotations kpush writes on the Services it manages.
 const (
-	LabelManagedBy   = "app.kubernetes.io/managed-by" // on the Service; value ManagedBy
-	ManagedBy        = "kpush"
-	AnnotationApp    = "kpush.dev/app"    // on the Service and its revision template
-	AnnotationCommit = "kpush.dev/commit" // 40-hex git commit of the release
-	AnnotationPusher = "kpush.dev/pusher" // who pushed the release
+	LabelManagedBy    = "app.kubernetes.io/managed-by" // on the Service; value ManagedBy
+	ManagedBy         = "kpush"
+	AnnotationApp     = "kpush.dev/app"     // on the Service and its revision template
+	AnnotationCommit  = "kpush.dev/commit"  // 40-hex git commit of the release
+	AnnotationPusher  = "kpush.dev/pusher"  // who pushed the release
+	AnnotationRelease = "kpush.dev/release" // the release's "vN" (receiver's numbering), when known
 )
 
 // Defaults for New.
@@ -120,26 +124,15 @@ func New(cs servingclientset.Interface, namespace string, opts ...Option) *Deplo
 // Errors (wrapped, see errors.Is): ErrInvalidRelease (name not DNS-1035, image not by digest,
 // reserved env name), ErrNotManaged (a Service of that name exists without label
 // app.kubernetes.io/managed-by=kpush), ErrConflict, ErrNotReady (Ready=False: reason and
-// message), ErrReadyTimeout, or the API error. On error the previous revision keeps serving.
+// message), ErrReadyTimeout, ErrFieldConflict, or the API error. On error the previous
+// revision keeps serving.
+//
+// Deploy plans on the Service as it first reads it (PlanRelease from that state to r): if a
+// write conflicts (409), it re-reads and re-applies only the image and the environment
+// variables it changes, and fails with ErrFieldConflict if another writer changed one of
+// those in between. DeployFrom takes the base from the caller instead.
 func (d *Deployer) Deploy(ctx context.Context, r deployer.Release, out io.Writer) (string, error) {
-	if err := ValidateRelease(r); err != nil {
-		return "", err
-	}
-	log := d.log.With("app", r.App, "commit", r.Commit, "image", r.Image)
-	svc, change, err := d.Apply(ctx, r.App, ReleaseMutation(r))
-	if err != nil {
-		return "", err
-	}
-	log.Info("service written", "change", change, "generation", svc.Generation, "resource_version", svc.ResourceVersion)
-	fmt.Fprintf(out, "       Service %s %s (generation %d), waiting for Ready…\n", r.App, change, svc.Generation)
-	url, err := d.WaitReady(ctx, r.App, svc.Generation, out)
-	if err != nil {
-		log.Warn("service not ready", "generation", svc.Generation, "err", err)
-		return "", err
-	}
-	log.Info("service ready", "generation", svc.Generation, "url", url)
-	fmt.Fprintf(out, "       Ready: %s\n", url)
-	return url, nil
+	return d.deploy(ctx, nil, r, out) // plan.go: based on the Service as first read
 }
 
 // ValidateRelease checks what Deploy needs of r: App a DNS-1035 label, Image a digest
@@ -171,14 +164,46 @@ func ValidateRelease(r deployer.Release) error {
 type Mutation func(*servingv1.Service) error
 
 // ReleaseMutation owns what a push changes: ImageMutation(r.Image), EnvMutation(r.Env) and
-// AnnotationsMutation with kpush.dev/app, kpush.dev/commit and kpush.dev/pusher. Traffic,
-// labels, other annotations, other containers and other container fields are left alone.
+// AnnotationsMutation with kpush.dev/app, kpush.dev/commit, kpush.dev/pusher and, when
+// r.Version > 0, kpush.dev/release ("v<N>"). Traffic, labels, other annotations, other
+// containers and other container fields are left alone.
 func ReleaseMutation(r deployer.Release) Mutation {
+	ann := map[string]string{AnnotationApp: r.App, AnnotationCommit: r.Commit, AnnotationPusher: r.Pusher}
+	if r.Version > 0 {
+		ann[AnnotationRelease] = "v" + strconv.Itoa(r.Version)
+	}
 	return Mutations(
 		ImageMutation(r.Image),
 		EnvMutation(r.Env),
-		AnnotationsMutation(map[string]string{AnnotationApp: r.App, AnnotationCommit: r.Commit, AnnotationPusher: r.Pusher}),
+		AnnotationsMutation(ann),
 	)
+}
+
+var _ deployer.Destroyer = (*Deployer)(nil)
+
+// Destroy deletes the Service named app (Knative then removes its Configurations, Revisions
+// and Routes by owner reference). A missing Service is not an error; a Service without label
+// app.kubernetes.io/managed-by=kpush is refused with ErrNotManaged.
+func (d *Deployer) Destroy(ctx context.Context, app string) error {
+	services := d.cs.ServingV1().Services(d.ns)
+	cur, err := services.Get(ctx, app, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("reading Knative Service %s/%s: %w", d.ns, app, err)
+	}
+	if cur.Labels[LabelManagedBy] != ManagedBy {
+		return fmt.Errorf("%w: Knative Service %s in namespace %s was not created by kpush (label %s=%s missing); kpush will not delete it",
+			ErrNotManaged, app, d.ns, LabelManagedBy, ManagedBy)
+	}
+	uid := cur.UID
+	err = services.Delete(ctx, app, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting Knative Service %s/%s: %w", d.ns, app, err)
+	}
+	d.log.Info("service deleted", "app", app)
+	return nil
 }
 
 // Mutations applies ms in order and stops at the first error.

@@ -3,8 +3,10 @@
 // `make tools` builds (internal/tools), on random loopback ports, so tests in several packages
 // can each start their own server in parallel.
 //
-// No Knative controller or webhook runs. Objects are validated only by the CRDs' OpenAPI
-// schemas, and nothing writes status unless a test starts a StandIn (standin.go).
+// By default no Knative controller or webhook runs: objects are validated only by the CRDs'
+// OpenAPI schemas, and nothing writes status unless a test starts a StandIn (standin.go). A
+// test that runs InPrivateNetwork can start Knative Serving's real controller and webhook with
+// StartServing (serving_linux.go).
 package knativetest
 
 import (
@@ -81,6 +83,11 @@ func New() (*Env, error) {
 		},
 		ControlPlaneStartTimeout: 60 * time.Second, // 2 shared cores; other packages start theirs too
 		ControlPlaneStopTimeout:  20 * time.Second,
+	}
+	if checkPrivateNetwork() == nil {
+		// In a private network namespace (InPrivateNetwork) there is no default route to pick
+		// an advertise address from; kube-apiserver would refuse to start.
+		te.ControlPlane.APIServer.Configure().Set("advertise-address", "127.0.0.1")
 	}
 	cfg, err := te.Start()
 	if err != nil {

@@ -418,3 +418,38 @@ func (rt *Runtime) Close() error {
 	rt.log.Info("local runtime closed", "stopped", strconv.Itoa(len(procs)))
 	return nil
 }
+
+var _ deployer.Destroyer = (*Runtime)(nil)
+
+// Destroy takes app out of service for good: its process is stopped (SIGTERM, SIGKILL after
+// Config.StopGrace), the Router forgets it (404), and <data>/apps/<app> (current.json, the
+// app log, the extracted images) is removed, so Restore will not start it again. Destroying
+// an unknown app is not an error.
+func (rt *Runtime) Destroy(ctx context.Context, app string) error {
+	if !appName.MatchString(app) {
+		return fmt.Errorf("app name %q is not a DNS-1035 label (lower-case letters, digits, '-')", app)
+	}
+	st, err := rt.state(app)
+	if err != nil {
+		return err
+	}
+	st.deployMu.Lock()
+	defer st.deployMu.Unlock()
+	rt.mu.Lock()
+	p, logf := st.cur, st.logf
+	st.cur, st.current, st.logf = nil, nil, nil
+	rt.router.Remove(app)
+	delete(rt.apps, app)
+	rt.mu.Unlock()
+	if p != nil {
+		p.stop(rt.cfg.StopGrace)
+	}
+	if logf != nil {
+		logf.Close()
+	}
+	if err := os.RemoveAll(rt.appDir(app)); err != nil {
+		return fmt.Errorf("removing %s: %w", rt.appDir(app), err)
+	}
+	rt.log.Info("app destroyed", "app", app)
+	return nil
+}

@@ -249,3 +249,37 @@ func copyExecutable(t *testing.T, src, dir string) string {
 	}
 	return dst
 }
+
+// TestDestroy stops the app's process, drops its route and its files, and leaves nothing for
+// Restore; destroying it again is not an error.
+func TestDestroy(t *testing.T) {
+	data := t.TempDir()
+	reg := startTestRegistry(t, data)
+	img := pushAppImage(t, reg.Addr(), "demo", appImage{index: "hi"})
+	l := listen(t)
+	rt := newRuntime(t, data, l)
+	ctx := context.Background()
+	if _, err := rt.Deploy(ctx, deployer.Release{App: "demo", Image: img}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	wantBody(t, l.Addr().String(), "demo", "/", "hi")
+	pid := appStatus(t, rt, "demo").PID
+	if err := rt.Destroy(ctx, "demo"); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if !processGone(pid) {
+		t.Errorf("process %d survives Destroy", pid)
+	}
+	if code, _ := get(t, l.Addr().String(), "demo", "/"); code != http.StatusNotFound {
+		t.Errorf("after Destroy: status %d, want 404", code)
+	}
+	if _, err := os.Stat(filepath.Join(data, "apps", "demo")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("app dir after Destroy: %v, want it gone", err)
+	}
+	if len(rt.Apps()) != 0 {
+		t.Errorf("Apps() after Destroy = %+v, want none", rt.Apps())
+	}
+	if err := rt.Destroy(ctx, "demo"); err != nil {
+		t.Errorf("second Destroy: %v", err)
+	}
+}

@@ -1,0 +1,501 @@
+package receiver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"kpush.dev/kpush/deployer"
+	"kpush.dev/kpush/gitserver"
+)
+
+// The app operations behind the SSH commands. Each holds the app's lock (the one pushes
+// hold), so they never interleave with a push or another operation of the same app. Their
+// errors are sentences for people; internal detail goes to the log.
+
+// Error is an operation's failure phrased for people.
+type Error struct{ Msg string }
+
+func (e *Error) Error() string { return e.Msg }
+
+func userErrorf(format string, args ...any) error { return &Error{Msg: fmt.Sprintf(format, args...)} }
+
+// internal logs err and returns an error for people that points at the log.
+func (p *Pipeline) internal(app, what string, err error) error {
+	p.logger().Error(what, "app", app, "err", err)
+	return userErrorf("%s for app %s failed; the server log has details", what, app)
+}
+
+var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// ValidEnvName checks a run-time config name: a POSIX environment variable name (letters,
+// digits, '_', not starting with a digit), and not PORT or K_*, which the runtimes set
+// (Knative's container contract; kpush dev sets PORT too).
+func ValidEnvName(name string) error {
+	if err := ValidBuildEnvName(name); err != nil {
+		return err
+	}
+	if name == "PORT" || strings.HasPrefix(name, "K_") {
+		return userErrorf("%s is set by the runtime (PORT and K_* belong to Knative) and cannot be configured", name)
+	}
+	return nil
+}
+
+// ValidBuildEnvName checks a build-time env name: a POSIX environment variable name.
+func ValidBuildEnvName(name string) error {
+	if !envNameRE.MatchString(name) {
+		return userErrorf("invalid variable name %q: names are letters, digits and '_', not starting with a digit", name)
+	}
+	return nil
+}
+
+// AppInfo is what apps:info shows.
+type AppInfo struct {
+	*App
+	Release *Release `json:"release,omitempty"` // the current release
+	Latest  *Release `json:"latest,omitempty"`  // the newest release, when it is not the current one
+	Status  string   `json:"status"`            // "deployed", "not deployed", "deploying", "last release failed"
+}
+
+// App returns app's record, or an error for people when it does not exist.
+func (p *Pipeline) App(app string) (*App, error) {
+	if err := gitserver.ValidAppName(app); err != nil {
+		return nil, &Error{Msg: err.Error()}
+	}
+	a, err := p.Store.App(app)
+	if errors.Is(err, ErrNoApp) {
+		return nil, userErrorf("app %s does not exist; create it with apps:create %s or a git push", app, app)
+	}
+	if err != nil {
+		return nil, p.internal(app, "reading the app", err)
+	}
+	return a, nil
+}
+
+// Apps lists every app, sorted by name.
+func (p *Pipeline) Apps() ([]*App, error) {
+	apps, err := p.Store.Apps()
+	if err != nil {
+		return nil, p.internal("", "listing apps", err)
+	}
+	return apps, nil
+}
+
+// Create makes an empty app: its repository and its record, with user as its admin.
+func (p *Pipeline) Create(ctx context.Context, app, user string) (*App, error) {
+	if err := gitserver.ValidAppName(app); err != nil {
+		return nil, &Error{Msg: err.Error()}
+	}
+	unlock, err := p.lock(ctx, app)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if _, err := p.Store.App(app); err == nil {
+		return nil, userErrorf("app %s already exists", app)
+	}
+	if p.Repos != nil {
+		if _, ok := p.Repos.RepoDir(app); ok {
+			return nil, userErrorf("app %s already exists (it has a repository)", app)
+		}
+		if _, err := p.Repos.CreateRepo(ctx, app); err != nil {
+			return nil, p.internal(app, "creating the repository", err)
+		}
+	}
+	a, err := p.ensureApp(app, user, "", true)
+	if err != nil {
+		return nil, p.internal(app, "recording the app", err)
+	}
+	return a, nil
+}
+
+// Info returns app's record with its current and newest releases.
+func (p *Pipeline) Info(app string) (*AppInfo, error) {
+	a, err := p.App(app)
+	if err != nil {
+		return nil, err
+	}
+	rels, err := p.Store.Releases(app)
+	if err != nil {
+		return nil, p.internal(app, "reading releases", err)
+	}
+	info := &AppInfo{App: a, Status: "not deployed"}
+	for _, r := range rels {
+		if r.Version == a.Current {
+			info.Release = r
+		}
+	}
+	if a.Current > 0 {
+		info.Status = "deployed"
+	}
+	if len(rels) > 0 && rels[0].Version != a.Current {
+		info.Latest = rels[0]
+		switch rels[0].Status {
+		case StatusPending:
+			info.Status = "deploying"
+		case StatusFailed:
+			info.Status = "last release failed"
+		}
+	}
+	return info, nil
+}
+
+// Destroy removes app for good: the running release (when the Deployer implements
+// deployer.Destroyer), the repository with every release's source, the grants and the state.
+func (p *Pipeline) Destroy(ctx context.Context, app string) error {
+	if _, err := p.App(app); err != nil {
+		return err
+	}
+	unlock, err := p.lock(ctx, app)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if d, ok := p.Deployer.(deployer.Destroyer); ok {
+		if err := d.Destroy(ctx, app); err != nil {
+			return p.internal(app, "stopping the app", err)
+		}
+	}
+	if err := p.Store.RemoveApp(app); err != nil {
+		return p.internal(app, "removing the app's state", err)
+	}
+	if p.Repos != nil {
+		if err := p.Repos.DeleteRepo(app); err != nil {
+			return p.internal(app, "removing the repository", err)
+		}
+	}
+	if p.Access != nil {
+		if err := p.Access.RemoveApp(app); err != nil {
+			return p.internal(app, "removing the app's grants", err)
+		}
+	}
+	p.logger().Info("app destroyed", "app", app)
+	return nil
+}
+
+// Releases lists app's releases, newest first.
+func (p *Pipeline) Releases(app string) ([]*Release, error) {
+	if _, err := p.App(app); err != nil {
+		return nil, err
+	}
+	rels, err := p.Store.Releases(app)
+	if err != nil {
+		return nil, p.internal(app, "reading releases", err)
+	}
+	return rels, nil
+}
+
+// ParseVersion parses "v3" or "3".
+func ParseVersion(s string) (int, error) {
+	n, err := strconv.Atoi(strings.TrimPrefix(s, "v"))
+	if err != nil || n < 1 {
+		return 0, userErrorf("%q is not a release: want vN, e.g. v3", s)
+	}
+	return n, nil
+}
+
+// ReleaseInfo returns release n of app.
+func (p *Pipeline) ReleaseInfo(app string, n int) (*Release, error) {
+	if _, err := p.App(app); err != nil {
+		return nil, err
+	}
+	r, err := p.Store.Release(app, n)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, userErrorf("app %s has no release v%d; list them with: releases %s", app, n, app)
+	}
+	if err != nil {
+		return nil, p.internal(app, "reading the release", err)
+	}
+	return r, nil
+}
+
+// Rollback deploys release n's image with release n's config as a new release (no build);
+// on success the app's config becomes n's, under a new config version.
+func (p *Pipeline) Rollback(ctx context.Context, app, user string, n int, out io.Writer) (*Release, error) {
+	target, err := p.ReleaseInfo(app, n)
+	if err != nil {
+		return nil, err
+	}
+	if target.Image == "" {
+		return nil, userErrorf("v%d of %s has no image to roll back to (%s: %s)", n, app, target.Status, target.Reason)
+	}
+	unlock, err := p.lock(ctx, app)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	a, err := p.App(app)
+	if err != nil {
+		return nil, err
+	}
+	rel := &Release{
+		Kind: KindRollback, Description: fmt.Sprintf("Rollback to v%d", n), Commit: target.Commit, Image: target.Image,
+		ConfigVersion: p.nextConfigVersion(a), Env: cloneEnv(target.Env), User: user, Status: StatusPending,
+	}
+	return p.release(ctx, a, rel, out)
+}
+
+// nextConfigVersion numbers a new config of a: one more than any config version the app or
+// its releases (failed ones included) have used, so a version always names one env.
+func (p *Pipeline) nextConfigVersion(a *App) int {
+	n := a.Config.Version
+	if rels, err := p.Store.Releases(a.Name); err == nil {
+		for _, r := range rels {
+			n = max(n, r.ConfigVersion)
+		}
+	}
+	return n + 1
+}
+
+// release stores rel (pending, with its image) as the next release, keeps its source ref and
+// deploys it.
+func (p *Pipeline) release(ctx context.Context, a *App, rel *Release, out io.Writer) (*Release, error) {
+	if _, err := p.Store.NewRelease(a.Name, rel); err != nil {
+		return nil, p.internal(a.Name, "recording the release", err)
+	}
+	log := p.logger().With("app", a.Name, "user", rel.User, "release", rel.Version, "kind", rel.Kind)
+	if dir, ok := p.repoDir(a.Name); ok && rel.Commit != "" {
+		if err := p.keepSource(ctx, dir, nil, rel); err != nil {
+			log.Warn("keeping the release's source", "err", err)
+		}
+	}
+	fmt.Fprintf(out, "-----> %s: v%d of %s\n", rel.Description, rel.Version, a.Name)
+	if err := p.deploy(ctx, log, a, rel, time.Now(), out, nil); err != nil {
+		return rel, &Error{Msg: fmt.Sprintf("v%d failed: %v", rel.Version, err)}
+	}
+	return rel, nil
+}
+
+func (p *Pipeline) repoDir(app string) (string, bool) {
+	if p.Repos == nil {
+		return "", false
+	}
+	return p.Repos.RepoDir(app)
+}
+
+// ChangeConfig sets and unsets run-time config vars of app. The new config version is
+// deployed with the current release's image as a new release (no build); it becomes the
+// app's config only when that deploy succeeds. An app with no release yet just stores it.
+// It returns the new release, or nil when nothing was deployed.
+func (p *Pipeline) ChangeConfig(ctx context.Context, app, user string, set map[string]string, unset []string, out io.Writer) (*Release, error) {
+	for k := range set {
+		if err := ValidEnvName(k); err != nil {
+			return nil, err
+		}
+	}
+	for _, k := range unset {
+		if err := ValidEnvName(k); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := p.App(app); err != nil {
+		return nil, err
+	}
+	unlock, err := p.lock(ctx, app)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	a, err := p.App(app)
+	if err != nil {
+		return nil, err
+	}
+	env := cloneEnv(a.Config.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, set)
+	for _, k := range unset {
+		delete(env, k)
+	}
+	env = cloneEnv(env)
+	if maps.Equal(env, cloneEnv(a.Config.Env)) {
+		fmt.Fprintf(out, "-----> Config of %s unchanged (v%d); nothing to release\n", app, a.Config.Version)
+		return nil, nil
+	}
+	var desc string
+	switch {
+	case len(set) > 0 && len(unset) == 0:
+		desc = "Set " + strings.Join(slices.Sorted(maps.Keys(set)), ", ") + " config vars"
+	case len(unset) > 0 && len(set) == 0:
+		desc = "Remove " + strings.Join(unset, ", ") + " config vars"
+	default:
+		desc = "Update config vars"
+	}
+	if a.Current == 0 {
+		a.Config = Config{Version: a.Config.Version + 1, Env: env}
+		if err := p.Store.PutApp(a); err != nil {
+			return nil, p.internal(app, "storing config", err)
+		}
+		fmt.Fprintf(out, "-----> %s of %s (config v%d); no release yet, the first deploy uses it\n", desc, app, a.Config.Version)
+		return nil, nil
+	}
+	cur, err := p.Store.Release(app, a.Current)
+	if err != nil {
+		return nil, p.internal(app, "reading the current release", err)
+	}
+	rel := &Release{
+		Kind: KindConfig, Description: desc, Commit: cur.Commit, Image: cur.Image,
+		ConfigVersion: p.nextConfigVersion(a), Env: env, User: user, Status: StatusPending,
+	}
+	return p.release(ctx, a, rel, out)
+}
+
+// ChangeBuildEnv sets and unsets build-time env vars of app, for its next builds. No release.
+func (p *Pipeline) ChangeBuildEnv(ctx context.Context, app string, set map[string]string, unset []string) (*App, error) {
+	for k := range set {
+		if err := ValidBuildEnvName(k); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := p.App(app); err != nil {
+		return nil, err
+	}
+	unlock, err := p.lock(ctx, app)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	a, err := p.App(app)
+	if err != nil {
+		return nil, err
+	}
+	env := cloneEnv(a.BuildEnv)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, set)
+	for _, k := range unset {
+		delete(env, k)
+	}
+	a.BuildEnv = cloneEnv(env)
+	if err := p.Store.PutApp(a); err != nil {
+		return nil, p.internal(app, "storing build env", err)
+	}
+	return a, nil
+}
+
+// Rebuild builds rev (a commit, branch, tag or vN; default: the deploy branch's head) from
+// the app's repository and deploys it as a new release, without a push.
+func (p *Pipeline) Rebuild(ctx context.Context, app, user, rev string, out io.Writer) (*Release, error) {
+	if _, err := p.App(app); err != nil {
+		return nil, err
+	}
+	unlock, err := p.lock(ctx, app)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	a, err := p.App(app)
+	if err != nil {
+		return nil, err
+	}
+	dir, ok := p.repoDir(app)
+	if !ok {
+		return nil, userErrorf("app %s has no repository to build from; git push to it first", app)
+	}
+	if rev == "" {
+		if a.DeployBranch == "" {
+			return nil, userErrorf("nothing was pushed to app %s yet; git push to it first", app)
+		}
+		rev = "refs/heads/" + a.DeployBranch
+	} else if n, err := ParseVersion(rev); err == nil && strings.HasPrefix(rev, "v") {
+		rev = ReleaseRef(n)
+	}
+	commit, err := resolveCommit(ctx, dir, rev)
+	if err != nil {
+		return nil, &Error{Msg: err.Error()}
+	}
+	rel := &Release{
+		Kind: KindRebuild, Description: "Rebuild " + short(commit), Commit: commit,
+		ConfigVersion: a.Config.Version, Env: cloneEnv(a.Config.Env), User: user, Status: StatusPending,
+	}
+	if _, err := p.Store.NewRelease(app, rel); err != nil {
+		return nil, p.internal(app, "recording the release", err)
+	}
+	log := p.logger().With("app", app, "user", user, "release", rel.Version, "kind", rel.Kind, "commit", commit)
+	if err := p.keepSource(ctx, dir, nil, rel); err != nil {
+		log.Warn("keeping the release's source", "err", err)
+	}
+	fmt.Fprintf(out, "-----> Rebuilding %s at %s (%s), release v%d\n", app, rev, short(commit), rel.Version)
+	if err := p.buildAndDeploy(ctx, log, a, rel, dir, nil, out); err != nil {
+		return rel, &Error{Msg: fmt.Sprintf("v%d failed: %v", rel.Version, err)}
+	}
+	return rel, nil
+}
+
+// Builds lists app's builds, newest first.
+func (p *Pipeline) Builds(app string) ([]*Build, error) {
+	if _, err := p.App(app); err != nil {
+		return nil, err
+	}
+	bs, err := p.Store.Builds(app)
+	if err != nil {
+		return nil, p.internal(app, "reading builds", err)
+	}
+	return bs, nil
+}
+
+// followPoll is how often BuildOutput looks for more output of a running build.
+const followPoll = 200 * time.Millisecond
+
+// BuildOutput writes build n's log to w (n = 0: the newest build). With follow, it keeps
+// writing what a running build adds until its release is decided (the log ends with the
+// deploy's output) or ctx ends.
+func (p *Pipeline) BuildOutput(ctx context.Context, app string, n int, follow bool, w io.Writer) error {
+	bs, err := p.Builds(app)
+	if err != nil {
+		return err
+	}
+	if len(bs) == 0 {
+		return userErrorf("app %s has no builds yet", app)
+	}
+	if n == 0 {
+		n = bs[0].Number
+	}
+	if _, err := p.Store.Build(app, n); err != nil {
+		return userErrorf("app %s has no build #%d; list them with: builds %s", app, n, app)
+	}
+	f, err := os.Open(p.Store.BuildLog(app, n))
+	if err != nil {
+		return p.internal(app, "reading the build log", err)
+	}
+	defer f.Close()
+	for {
+		// Read the status before draining, so output written before the build ended is
+		// never missed.
+		b, err := p.Store.Build(app, n)
+		if err != nil {
+			return p.internal(app, "reading the build", err)
+		}
+		if _, err := io.Copy(w, f); err != nil {
+			return nil // the reader went away
+		}
+		if !follow || !p.logOpen(app, b) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(followPoll):
+		}
+	}
+}
+
+// logOpen reports whether build b's log may still grow: the build or its release is pending.
+func (p *Pipeline) logOpen(app string, b *Build) bool {
+	if b.Status == StatusPending {
+		return true
+	}
+	r, err := p.Store.Release(app, b.Release)
+	return err == nil && r.Status == StatusPending
+}
