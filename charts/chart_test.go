@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -477,12 +478,15 @@ func checkNotes(t *testing.T, notes, ns string, key []byte, fp string) {
 	if line == "" {
 		t.Fatalf("NOTES lack the command %q:\n%s", kubectl, notes)
 	}
-	if _, err := exec.LookPath("openssl"); err != nil {
-		t.Fatalf("openssl is needed to check the fingerprint command of NOTES.txt (apt-get install openssl): %v", err)
+	openssl, err := tools.Path("openssl")
+	if err != nil {
+		t.Fatalf("openssl checks the fingerprint command of NOTES.txt: %v", err)
 	}
 	// The same pipeline, fed the Secret's data instead of kubectl's output.
 	script := strings.Replace(line, kubectl, "printf %s '"+base64.StdEncoding.EncodeToString(key)+"'", 1)
-	out, err := exec.Command("sh", "-c", script).CombinedOutput()
+	cmd := exec.Command("sh", "-c", script)
+	cmd.Env = append(os.Environ(), "PATH="+filepath.Dir(openssl)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("NOTES fingerprint command: %v\n%s\n%s", err, script, out)
 	}

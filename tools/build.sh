@@ -58,6 +58,7 @@ if [[ ! -f $dir/.complete ]]; then
 	}
 	deb bubblewrap usr/bin/bwrap bwrap
 	deb busybox-static bin/busybox busybox
+	deb openssl usr/bin/openssl openssl # the chart's NOTES fingerprint command; links libssl3, which OpenSSH brings
 	touch "$dir/.complete"
 fi
 ln -sfn "$dir" "$link"
