@@ -451,28 +451,7 @@ func bwrapArgs(s sandbox) []string {
 	}
 	a := []string{"--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--hostname", "kpush-build"}
-	for _, d := range hostDirs {
-		hp := filepath.Join(root, d)
-		fi, err := os.Lstat(hp)
-		switch {
-		case err != nil:
-			continue
-		case fi.Mode()&os.ModeSymlink != 0:
-			if target, err := os.Readlink(hp); err == nil {
-				a = append(a, "--symlink", target, d)
-			}
-		case fi.IsDir():
-			a = append(a, "--ro-bind", hp, d)
-		}
-	}
-	// A resolv.conf that is a symlink (systemd-resolved) points outside /etc: bind its target.
-	if fi, err := os.Lstat(filepath.Join(root, "etc/resolv.conf")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		if target, err := filepath.EvalSymlinks(filepath.Join(root, "etc/resolv.conf")); err == nil && !strings.HasPrefix(target, filepath.Join(root, "etc")+"/") {
-			rel := strings.TrimPrefix(target, strings.TrimSuffix(root, "/"))
-			a = append(a, parentDirs(rel)...)
-			a = append(a, "--ro-bind", target, rel)
-		}
-	}
+	a = append(a, hostRootArgs(root)...)
 	b := s.build
 	a = append(a,
 		"--ro-bind", filepath.Join(b, "passwd"), "/etc/passwd",
@@ -497,6 +476,36 @@ func bwrapArgs(s sandbox) []string {
 		"--chdir", "/workspace",
 		"--",
 	)
+	return a
+}
+
+// hostRootArgs returns bubblewrap arguments binding root's /usr, /etc, ... (hostDirs)
+// read-only at the same paths, re-creating top-level symlinks, plus resolv.conf's target when
+// it lies outside /etc.
+func hostRootArgs(root string) []string {
+	var a []string
+	for _, d := range hostDirs {
+		hp := filepath.Join(root, d)
+		fi, err := os.Lstat(hp)
+		switch {
+		case err != nil:
+			continue
+		case fi.Mode()&os.ModeSymlink != 0:
+			if target, err := os.Readlink(hp); err == nil {
+				a = append(a, "--symlink", target, d)
+			}
+		case fi.IsDir():
+			a = append(a, "--ro-bind", hp, d)
+		}
+	}
+	// A resolv.conf that is a symlink (systemd-resolved) points outside /etc: bind its target.
+	if fi, err := os.Lstat(filepath.Join(root, "etc/resolv.conf")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if target, err := filepath.EvalSymlinks(filepath.Join(root, "etc/resolv.conf")); err == nil && !strings.HasPrefix(target, filepath.Join(root, "etc")+"/") {
+			rel := strings.TrimPrefix(target, strings.TrimSuffix(root, "/"))
+			a = append(a, parentDirs(rel)...)
+			a = append(a, "--ro-bind", target, rel)
+		}
+	}
 	return a
 }
 

@@ -26,6 +26,7 @@ func main() {
 		SilenceErrors: true,
 	}
 	root.AddCommand(devCommand(), serveCommand(), hookCommand())
+	root.AddCommand(sourceCommand())
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, "kpush:", err)
 		os.Exit(1)
