@@ -111,7 +111,8 @@ func unquoteGitArg(s string) (string, error) {
 // appFromPath maps the repository path of a git URL to an app name: "/app", "/app.git",
 // "app" and "app.git" all name app. The name must pass ValidAppName.
 func appFromPath(path string) (string, error) {
-	name := strings.TrimSuffix(strings.TrimPrefix(path, "/"), ".git")
+	// "ssh://host/app/" names the same repository as "ssh://host/app".
+	name := strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(path, "/"), "/"), ".git")
 	if err := ValidAppName(name); err != nil {
 		return "", err
 	}

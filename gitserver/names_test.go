@@ -58,6 +58,9 @@ func TestParseGitCommand(t *testing.T) {
 		{raw: "git-receive-pack 'app'", isGit: true, service: serviceReceivePack, app: "app"},
 		{raw: "git-receive-pack 'app.git'", isGit: true, service: serviceReceivePack, app: "app"},
 		{raw: "git receive-pack 'app'", isGit: true, service: serviceReceivePack, app: "app"},
+		{raw: "git-receive-pack '/app/'", isGit: true, service: serviceReceivePack, app: "app"},
+		{raw: "git-upload-pack '/app.git/'", isGit: true, service: serviceUploadPack, app: "app"},
+		{raw: "git-upload-pack '/app//'", isGit: true, errHas: "invalid app name"},
 		{raw: "git-upload-pack '/my-app.git'", isGit: true, service: serviceUploadPack, app: "my-app"},
 		{raw: "git upload-pack 'my-app'", isGit: true, service: serviceUploadPack, app: "my-app"},
 		// quoting: git writes ' as '\'' and ! as '\!'; both make invalid names here
@@ -147,5 +150,36 @@ func TestPushOptionsAndQuarantineEnv(t *testing.T) {
 	want := "GIT_OBJECT_DIRECTORY=/r/objects/tmp|GIT_ALTERNATE_OBJECT_DIRECTORIES=/r/objects|GIT_QUARANTINE_PATH=/r/objects/tmp"
 	if got != want {
 		t.Errorf("quarantineEnv = %q, want %q", got, want)
+	}
+}
+
+func TestDeployBranchOf(t *testing.T) {
+	const c = "1111111111111111111111111111111111111111"
+	up := func(names ...string) []RefUpdate {
+		var us []RefUpdate
+		for _, n := range names {
+			us = append(us, RefUpdate{Old: ZeroID, New: c, Name: n})
+		}
+		return us
+	}
+	tests := []struct {
+		name    string
+		updates []RefUpdate
+		want    string
+	}{
+		{"single branch", up("refs/heads/dev"), "refs/heads/dev"},
+		{"main wins over earlier branches", up("refs/heads/add-feature", "refs/heads/main"), "refs/heads/main"},
+		{"master when no main", up("refs/heads/-dash", "refs/heads/master"), "refs/heads/master"},
+		{"main over master", up("refs/heads/master", "refs/heads/main"), "refs/heads/main"},
+		{"tags are not branches", up("refs/tags/v1", "refs/heads/dev"), "refs/heads/dev"},
+		{"only tags", up("refs/tags/v1"), ""},
+		{"deletions create nothing", []RefUpdate{{Old: c, New: ZeroID, Name: "refs/heads/main"}}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := deployBranchOf(tt.updates); got != tt.want {
+				t.Errorf("deployBranchOf = %q, want %q", got, tt.want)
+			}
+		})
 	}
 }

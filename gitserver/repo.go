@@ -133,17 +133,11 @@ func (s *Server) createRepo(ctx context.Context, app string, log *slog.Logger) (
 // pushed from. It runs outside git's quarantine (git refuses ref updates inside it). It
 // returns the branch HEAD was set to, or "".
 func (s *Server) setHeadIfEmpty(ctx context.Context, dir string, updates []RefUpdate) (string, error) {
-	var branch string
-	for _, u := range updates {
-		if strings.HasPrefix(u.Name, "refs/heads/") && u.New != ZeroID {
-			branch = u.Name
-			break
-		}
-	}
+	branch := deployBranchOf(updates)
 	if branch == "" {
 		return "", nil
 	}
-	out, err := s.outputLocalGit(ctx, dir, "for-each-ref", "--count=1", "--format=%(refname)")
+	out, err := s.outputLocalGit(ctx, dir, "for-each-ref", "--count=1", "--format=%(refname)", "refs/heads/")
 	if err != nil {
 		return "", err
 	}
@@ -154,6 +148,28 @@ func (s *Server) setHeadIfEmpty(ctx context.Context, dir string, updates []RefUp
 		return "", err
 	}
 	return branch, nil
+}
+
+// deployBranchOf picks the branch HEAD should point at when a push creates the first
+// branches of a repository: main, else master, else the first branch created — so that
+// `git push --all` of a repository with a main branch deploys main, not whichever branch
+// sorts first. It returns "" when the push creates no branch.
+func deployBranchOf(updates []RefUpdate) string {
+	var first string
+	for _, pref := range []string{"refs/heads/main", "refs/heads/master", ""} {
+		for _, u := range updates {
+			if !strings.HasPrefix(u.Name, "refs/heads/") || u.New == ZeroID {
+				continue
+			}
+			if first == "" {
+				first = u.Name
+			}
+			if u.Name == pref {
+				return pref
+			}
+		}
+	}
+	return first
 }
 
 func (s *Server) runLocalGit(ctx context.Context, gitDir string, args ...string) error {

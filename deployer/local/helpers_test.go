@@ -81,11 +81,12 @@ type appImage struct {
 	index string   // /www/index.html
 	user  string   // config User
 	env   []string // config Env
-	cmd   string   // shell command; default serves /www copied to /tmp/www with env.txt, id.txt
+	cmd   string   // shell command; default serves /www copied to /tmp/www with env.txt, id.txt, caps.txt
 }
 
 const serveCmd = `/bin/busybox mkdir -p /tmp/www && /bin/busybox cp -r /www/. /tmp/www/ && ` +
 	`/bin/busybox env > /tmp/www/env.txt && /bin/busybox id > /tmp/www/id.txt && ` +
+	`/bin/busybox grep -E '^CapEff' /proc/self/status > /tmp/www/caps.txt && ` +
 	`exec /bin/busybox httpd -f -p $PORT -h /tmp/www`
 
 // pushAppImage builds an image holding the static busybox at /bin/busybox, /bin/sh → busybox

@@ -117,6 +117,11 @@ func bwrapArgs(cfg v1.Config, env []string, id identity, unprivileged bool) (opt
 		"--clearenv",
 		"--chdir", wd,
 	}
+	if !unprivileged {
+		// Root inside the sandbox keeps no capability (bwrap sets no_new_privs too): it owns
+		// its own image copy and nothing else it can see.
+		opts = append(opts, "--cap-drop", "ALL")
+	}
 	if unprivileged {
 		// bwrap runs as the image user and maps it to itself in a new user namespace.
 		opts = append(opts, "--unshare-user",
@@ -140,7 +145,7 @@ func startProc(s spawnSpec) (*proc, error) {
 	if unprivileged && (!searchableBy(s.img.rootfs, id.uid, id.gid) || !searchableBy(filepath.Dir(s.bwrap), id.uid, id.gid)) {
 		// bwrap must run as the image user to keep that uid's file ownership intact, and
 		// then it can only bind what that user can reach.
-		s.log.Warn("image user cannot reach the rootfs or bwrap; running as root inside the sandbox",
+		s.log.Warn("image user cannot reach the rootfs or bwrap; running as root without capabilities inside the sandbox (keep the data dir and tools where that user can reach them to run as it)",
 			"app", s.app, "uid", id.uid, "rootfs", s.img.rootfs, "bwrap", s.bwrap)
 		unprivileged = false
 		id = identity{home: "/root"}

@@ -218,7 +218,8 @@ func TestDeployStartTimeout(t *testing.T) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-// With a data dir the image user cannot reach, the app still runs, as root in the sandbox.
+// With a data dir the image user cannot reach, the app still runs, as root in the sandbox
+// but with no capability.
 func TestDeployUnreachableRootfsRunsAsRoot(t *testing.T) {
 	data := t.TempDir() // 0700
 	reg := startTestRegistry(t, data)
@@ -231,6 +232,9 @@ func TestDeployUnreachableRootfsRunsAsRoot(t *testing.T) {
 	wantBody(t, l.Addr().String(), "demo", "/", "hi")
 	if _, id := get(t, l.Addr().String(), "demo", "/id.txt"); !strings.Contains(id, "uid=0") {
 		t.Errorf("runs as %q, want uid=0", id)
+	}
+	if _, caps := get(t, l.Addr().String(), "demo", "/caps.txt"); strings.TrimSpace(caps) != "CapEff:\t0000000000000000" {
+		t.Errorf("root in the sandbox has capabilities %q, want none", caps)
 	}
 }
 

@@ -496,3 +496,34 @@ func TestStoreConcurrent(t *testing.T) {
 		t.Errorf("after concurrent updates: %d users, %d grants; want 9 and 8", len(r.Users()), len(r.Grants("demo")))
 	}
 }
+
+// The last key of the last server admin who can log in cannot be removed: nobody could
+// manage users and keys afterwards.
+func TestRemoveKeyKeepsAnAdminWhoCanLogIn(t *testing.T) {
+	s := openT(t, t.TempDir())
+	for _, u := range []struct {
+		name  string
+		admin bool
+	}{{"alice", true}, {"bob", false}} {
+		if _, err := s.AddUser(u.name, u.admin); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range []struct{ user, name string }{{"alice", "laptop"}, {"alice", "desk"}, {"bob", "work"}} {
+		if _, err := s.AddKey(k.user, k.name, ed25519Line(t, k.name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.RemoveKey("alice", "laptop"); err != nil {
+		t.Fatalf("removing one of two admin keys: %v", err)
+	}
+	if err := s.RemoveKey("alice", "desk"); err == nil || !strings.Contains(err.Error(), "last server admin who can log in") {
+		t.Fatalf("removing the last admin key = %v, want a refusal", err)
+	}
+	if keys, _ := s.Keys("alice"); len(keys) != 1 {
+		t.Errorf("alice's keys after the refusal = %v, want desk kept", keys)
+	}
+	if err := s.RemoveKey("bob", "work"); err != nil {
+		t.Errorf("a non-admin may remove their last key: %v", err)
+	}
+}

@@ -364,6 +364,17 @@ func (s *Store) AddUser(name string, admin bool) (User, error) {
 	return u, err
 }
 
+// adminCanLogIn reports whether some server admin still has a key: without one, nobody could
+// manage users and keys any more (short of restarting with new bootstrap keys).
+func adminCanLogIn(st *state) bool {
+	for _, k := range st.keys {
+		if u, ok := st.users[k.User]; ok && u.Admin {
+			return true
+		}
+	}
+	return false
+}
+
 // RemoveUser deletes a user with their keys and grants. The last server admin cannot be
 // removed.
 func (s *Store) RemoveUser(name string) error {
@@ -467,15 +478,20 @@ func addKey(st *state, user, name string, pub gossh.PublicKey, now time.Time) (K
 }
 
 // RemoveKey deletes the key of user named nameOrFingerprint (its name, or "SHA256:…" as
-// ssh-keygen -lf prints it).
+// ssh-keygen -lf prints it). It refuses to remove the last key through which a server admin
+// can log in.
 func (s *Store) RemoveKey(user, nameOrFingerprint string) error {
 	return s.update(func(st *state) error {
 		if _, ok := st.users[user]; !ok {
 			return unknownUser(user)
 		}
+		could := adminCanLogIn(st)
 		for fp, k := range st.keys {
 			if k.User == user && (k.Name == nameOrFingerprint || k.Fingerprint == nameOrFingerprint) {
 				delete(st.keys, fp)
+				if could && !adminCanLogIn(st) {
+					return fmt.Errorf("%s is the last key of the last server admin who can log in; add another key first: keys:add NAME < key.pub", k.Name)
+				}
 				return nil
 			}
 		}
