@@ -24,7 +24,7 @@ image: tools
 
 ## dev: set up everything and run `kpush dev` (SSH 127.0.0.1:2222, apps on http://APP.localhost:8080)
 dev: tools build
-	@ls $(HOME)/.ssh/*.pub >/dev/null 2>&1 || { mkdir -p -m 700 $(HOME)/.ssh && \
+	@[ -n "$$KPUSH_AUTHORIZED_KEYS" ] || ls $(HOME)/.ssh/*.pub >/dev/null 2>&1 || { mkdir -p -m 700 $(HOME)/.ssh && \
 		ssh-keygen -q -t ed25519 -N '' -f $(HOME)/.ssh/id_ed25519 && \
 		echo "kpush: created the SSH key $(HOME)/.ssh/id_ed25519 for git push"; }
 	bin/kpush dev --data $(KPUSH_DATA)
