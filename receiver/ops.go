@@ -18,9 +18,10 @@ import (
 	"kpush.dev/kpush/gitserver"
 )
 
-// The app operations behind the SSH commands. Each holds the app's lock (the one pushes
-// hold), so they never interleave with a push or another operation of the same app. Their
-// errors are sentences for people; internal detail goes to the log.
+// The app operations behind the SSH commands. Rebuilds queue for the app's build lease like
+// pushes; config changes and rollbacks take only the release lock (see coord.go), so they
+// never wait for a build and land beside it. Their errors are sentences for people; internal
+// detail goes to the log.
 
 // Error is an operation's failure phrased for people.
 type Error struct{ Msg string }
@@ -95,7 +96,7 @@ func (p *Pipeline) Create(ctx context.Context, app, user string) (*App, error) {
 	if err := gitserver.ValidAppName(app); err != nil {
 		return nil, &Error{Msg: err.Error()}
 	}
-	unlock, err := p.lock(ctx, app)
+	unlock, err := p.Store.LockRelease(ctx, app, "apps:create by "+user, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -155,7 +156,13 @@ func (p *Pipeline) Destroy(ctx context.Context, app string) error {
 	if _, err := p.App(app); err != nil {
 		return err
 	}
-	unlock, err := p.lock(ctx, app)
+	// The build lease and the release lock: no build or deploy of the app runs meanwhile.
+	l, err := p.leases().Acquire(ctx, app, "apps:destroy", nil)
+	if err != nil {
+		return userErrorf("gave up waiting for the running build of %s: %v", app, err)
+	}
+	defer l.Release(context.WithoutCancel(ctx))
+	unlock, err := p.Store.LockRelease(ctx, app, "apps:destroy", nil)
 	if err != nil {
 		return err
 	}
@@ -228,20 +235,18 @@ func (p *Pipeline) Rollback(ctx context.Context, app, user string, n int, out io
 	if target.Image == "" {
 		return nil, userErrorf("v%d of %s has no image to roll back to (%s: %s)", n, app, target.Status, target.Reason)
 	}
-	unlock, err := p.lock(ctx, app)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
 	a, err := p.App(app)
 	if err != nil {
 		return nil, err
 	}
 	rel := &Release{
 		Kind: KindRollback, Description: fmt.Sprintf("Rollback to v%d", n), Commit: target.Commit, Image: target.Image,
-		ConfigVersion: p.nextConfigVersion(a), Env: cloneEnv(target.Env), User: user, Status: StatusPending,
+		ConfigVersion: a.Config.Version, Env: cloneEnv(target.Env), User: user, Status: StatusPending,
 	}
-	return p.release(ctx, a, rel, out)
+	return p.release(ctx, a, rel, out, func(a *App, _ *Release) error {
+		rel.ConfigVersion = p.nextConfigVersion(a)
+		return nil
+	})
 }
 
 // nextConfigVersion numbers a new config of a: one more than any config version the app or
@@ -257,8 +262,9 @@ func (p *Pipeline) nextConfigVersion(a *App) int {
 }
 
 // release stores rel (pending, with its image) as the next release, keeps its source ref and
-// deploys it.
-func (p *Pipeline) release(ctx context.Context, a *App, rel *Release, out io.Writer) (*Release, error) {
+// deploys it under the app's release lock, after plan has completed it from the app's state
+// then (deployRelease). It does not wait for a running build.
+func (p *Pipeline) release(ctx context.Context, a *App, rel *Release, out io.Writer, plan releasePlan) (*Release, error) {
 	if _, err := p.Store.NewRelease(a.Name, rel); err != nil {
 		return nil, p.internal(a.Name, "recording the release", err)
 	}
@@ -269,7 +275,7 @@ func (p *Pipeline) release(ctx context.Context, a *App, rel *Release, out io.Wri
 		}
 	}
 	fmt.Fprintf(out, "-----> %s: v%d of %s\n", rel.Description, rel.Version, a.Name)
-	if err := p.deploy(ctx, log, a, rel, time.Now(), out, nil); err != nil {
+	if err := p.deployRelease(ctx, log, a.Name, rel, time.Now(), out, nil, plan); err != nil {
 		return rel, &Error{Msg: fmt.Sprintf("v%d failed: %v", rel.Version, err)}
 	}
 	return rel, nil
@@ -297,27 +303,22 @@ func (p *Pipeline) ChangeConfig(ctx context.Context, app, user string, set map[s
 			return nil, err
 		}
 	}
-	if _, err := p.App(app); err != nil {
-		return nil, err
-	}
-	unlock, err := p.lock(ctx, app)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
 	a, err := p.App(app)
 	if err != nil {
 		return nil, err
 	}
-	env := cloneEnv(a.Config.Env)
-	if env == nil {
-		env = map[string]string{}
+	change := func(cur map[string]string) map[string]string {
+		env := maps.Clone(cur)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, set)
+		for _, k := range unset {
+			delete(env, k)
+		}
+		return cloneEnv(env)
 	}
-	maps.Copy(env, set)
-	for _, k := range unset {
-		delete(env, k)
-	}
-	env = cloneEnv(env)
+	env := change(a.Config.Env)
 	if maps.Equal(env, cloneEnv(a.Config.Env)) {
 		fmt.Fprintf(out, "-----> Config of %s unchanged (v%d); nothing to release\n", app, a.Config.Version)
 		return nil, nil
@@ -332,12 +333,26 @@ func (p *Pipeline) ChangeConfig(ctx context.Context, app, user string, set map[s
 		desc = "Update config vars"
 	}
 	if a.Current == 0 {
-		a.Config = Config{Version: a.Config.Version + 1, Env: env}
-		if err := p.Store.PutApp(a); err != nil {
+		// No release to deploy yet: store the config for the first deploy, under the release
+		// lock so that a first deploy running now either uses it or is followed by it.
+		unlock, err := p.Store.LockRelease(ctx, app, "config change by "+user, nil)
+		if err != nil {
+			return nil, err
+		}
+		a, err = p.Store.UpdateApp(app, func(a *App) error {
+			if a.Current == 0 {
+				a.Config = Config{Version: a.Config.Version + 1, Env: change(a.Config.Env)}
+			}
+			return nil
+		})
+		unlock()
+		if err != nil {
 			return nil, p.internal(app, "storing config", err)
 		}
-		fmt.Fprintf(out, "-----> %s of %s (config v%d); no release yet, the first deploy uses it\n", desc, app, a.Config.Version)
-		return nil, nil
+		if a.Current == 0 {
+			fmt.Fprintf(out, "-----> %s of %s (config v%d); no release yet, the first deploy uses it\n", desc, app, a.Config.Version)
+			return nil, nil
+		}
 	}
 	cur, err := p.Store.Release(app, a.Current)
 	if err != nil {
@@ -345,9 +360,18 @@ func (p *Pipeline) ChangeConfig(ctx context.Context, app, user string, set map[s
 	}
 	rel := &Release{
 		Kind: KindConfig, Description: desc, Commit: cur.Commit, Image: cur.Image,
-		ConfigVersion: p.nextConfigVersion(a), Env: env, User: user, Status: StatusPending,
+		ConfigVersion: a.Config.Version, Env: env, User: user, Status: StatusPending,
 	}
-	return p.release(ctx, a, rel, out)
+	// Planned again under the release lock on what serves then: the current image (a push
+	// that landed meanwhile is kept) and the current config with this change applied.
+	return p.release(ctx, a, rel, out, func(a *App, cur *Release) error {
+		if cur == nil {
+			return userErrorf("app %s has no current release to change the config of", app)
+		}
+		rel.Commit, rel.Image = cur.Commit, cur.Image
+		rel.Env, rel.ConfigVersion = change(a.Config.Env), p.nextConfigVersion(a)
+		return nil
+	})
 }
 
 // ChangeBuildEnv sets and unsets build-time env vars of app, for its next builds. No release.
@@ -360,25 +384,19 @@ func (p *Pipeline) ChangeBuildEnv(ctx context.Context, app string, set map[strin
 	if _, err := p.App(app); err != nil {
 		return nil, err
 	}
-	unlock, err := p.lock(ctx, app)
+	a, err := p.Store.UpdateApp(app, func(a *App) error {
+		env := maps.Clone(a.BuildEnv)
+		if env == nil {
+			env = map[string]string{}
+		}
+		maps.Copy(env, set)
+		for _, k := range unset {
+			delete(env, k)
+		}
+		a.BuildEnv = cloneEnv(env)
+		return nil
+	})
 	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	a, err := p.App(app)
-	if err != nil {
-		return nil, err
-	}
-	env := cloneEnv(a.BuildEnv)
-	if env == nil {
-		env = map[string]string{}
-	}
-	maps.Copy(env, set)
-	for _, k := range unset {
-		delete(env, k)
-	}
-	a.BuildEnv = cloneEnv(env)
-	if err := p.Store.PutApp(a); err != nil {
 		return nil, p.internal(app, "storing build env", err)
 	}
 	return a, nil
@@ -387,14 +405,6 @@ func (p *Pipeline) ChangeBuildEnv(ctx context.Context, app string, set map[strin
 // Rebuild builds rev (a commit, branch, tag or vN; default: the deploy branch's head) from
 // the app's repository and deploys it as a new release, without a push.
 func (p *Pipeline) Rebuild(ctx context.Context, app, user, rev string, out io.Writer) (*Release, error) {
-	if _, err := p.App(app); err != nil {
-		return nil, err
-	}
-	unlock, err := p.lock(ctx, app)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
 	a, err := p.App(app)
 	if err != nil {
 		return nil, err
@@ -426,8 +436,17 @@ func (p *Pipeline) Rebuild(ctx context.Context, app, user, rev string, out io.Wr
 	if err := p.keepSource(ctx, dir, nil, rel); err != nil {
 		log.Warn("keeping the release's source", "err", err)
 	}
+	l, err := p.holdBuild(ctx, log, app, rel, out)
+	if err != nil {
+		p.fail(log, app, rel, nil, nil, err.Error())
+		return rel, &Error{Msg: fmt.Sprintf("v%d %v", rel.Version, err)}
+	}
+	defer l.Release(context.WithoutCancel(ctx))
+	if a, err = p.App(app); err != nil { // the build env as it is now
+		return rel, p.fail(log, app, rel, nil, nil, err.Error())
+	}
 	fmt.Fprintf(out, "-----> Rebuilding %s at %s (%s), release v%d\n", app, rev, short(commit), rel.Version)
-	if err := p.buildAndDeploy(ctx, log, a, rel, dir, nil, out); err != nil {
+	if err := p.buildAndDeploy(ctx, log, a, rel, l, false, dir, nil, out); err != nil {
 		return rel, &Error{Msg: fmt.Sprintf("v%d failed: %v", rel.Version, err)}
 	}
 	return rel, nil

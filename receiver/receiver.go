@@ -12,6 +12,8 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -20,6 +22,7 @@ import (
 	"kpush.dev/kpush/deployer"
 	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/gitserver/access"
+	"kpush.dev/kpush/receiver/lease"
 )
 
 // Builder builds a source tree into an image. buildpack.Local implements it.
@@ -47,8 +50,9 @@ type Authorizer interface {
 
 // Pipeline is the gitserver.Handler that builds and deploys pushes to an app's deploy branch,
 // and the app operations behind the SSH commands (config, rollback, rebuild, …). Every deploy
-// attempt is a release vN recorded in Store; every operation of an app holds the app's lock,
-// so pushes and commands of one app run one at a time.
+// attempt is a release vN recorded in Store. Pushes and rebuilds of an app build one at a
+// time under the app's lease (Leases), with at most one more queued; config changes and
+// rollbacks never wait for a build, only for a release being deployed (see coord.go).
 //
 // The deploy branch is the branch HEAD points at: the first branch ever pushed to the app.
 // Pushes to other branches and tags are stored without a build.
@@ -57,6 +61,9 @@ type Pipeline struct {
 	Deployer deployer.Deployer
 	// Store keeps apps, releases and builds. Required.
 	Store *Store
+	// Leases hands out the per-app build lease (lease.NewKube for several replicas,
+	// lease.NewFile for processes sharing a data dir). Nil: lease.NewLocal, this process only.
+	Leases lease.Locker
 	// Repos finds, creates and deletes repositories (apps:create, apps:destroy, rebuild).
 	// Nil: those operations fail.
 	Repos Repos
@@ -69,18 +76,29 @@ type Pipeline struct {
 	// WorkDir holds the build contexts (one fresh directory per build, removed afterwards).
 	// Empty means os.TempDir().
 	WorkDir string
-	Log     *slog.Logger
+	// BuildTimeout bounds one build and deploy, which outlive a pusher who disconnects
+	// (unless the push asked for cancel-on-disconnect). 0: one hour.
+	BuildTimeout time.Duration
+	Log          *slog.Logger
 
-	mu    sync.Mutex
-	locks map[string]chan struct{} // per app, capacity 1
+	leaseOnce sync.Once
 }
 
 var _ gitserver.Handler = (*Pipeline)(nil)
+
+// OptionCancelOnDisconnect is the push option (`git push -o cancel-on-disconnect`) that
+// cancels the build when the pusher disconnects; by default it goes on and its result is
+// recorded (builds:output replays its log).
+const OptionCancelOnDisconnect = "cancel-on-disconnect"
 
 // PreReceive builds and deploys the push's update of the deploy branch, if it has one, as a
 // new release. Everything it prints reaches the pusher as "remote:" lines. A non-nil error
 // rejects the whole push; the reason has already been printed to out. The pushed commit is
 // kept at refs/kpush/releases/vN whether or not the release succeeds.
+//
+// The release number is given on arrival. When the app's build lease is taken the push
+// waits in the queue, replacing (superseding) any push waiting there; when its build ends
+// and a newer push, rebuild or rollback exists, it is not deployed ("superseded by vN").
 func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.Writer) error {
 	log := p.logger().With("push_id", push.ID, "app", push.App, "user", push.User)
 	branch, err := deployBranch(push.Dir)
@@ -104,41 +122,18 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 	if deploy == nil {
 		return nil
 	}
+	branchName := strings.TrimPrefix(branch, "refs/heads/")
 	if deploy.New == gitserver.ZeroID {
 		return failf(out, push, "refusing to delete the deploy branch %s of app %s\n"+
-			"       to remove the app, ask an admin to destroy it", strings.TrimPrefix(branch, "refs/heads/"), push.App)
+			"       to remove the app, ask an admin to destroy it", branchName, push.App)
 	}
-
-	// The lock is held until git has applied (or refused) this push's ref updates, so the
-	// next push of the app builds on the ref this one leaves.
-	unlock, err := p.lock(ctx, push.App)
-	if err != nil {
-		return failf(out, push, "gave up waiting for the app's previous push: %v", err)
-	}
-	defer func() {
-		if push.Done == nil {
-			unlock()
-			return
-		}
-		go func() { <-push.Done; unlock() }()
-	}()
-	// Another push may have moved the branch while this one waited for the lock; building
-	// now would deploy a commit whose ref update git is about to refuse.
-	if cur, err := refValue(push.Dir, branch); err != nil {
-		log.Error("reading deploy branch", "err", err)
-		return failf(out, push, "cannot read the app's repository")
-	} else if cur != deploy.Old {
-		return failf(out, push, "%s moved to %s while this push waited for another one\n"+
-			"       run: git pull --rebase && git push", strings.TrimPrefix(branch, "refs/heads/"), short(cur))
-	}
-
-	a, err := p.ensureApp(push.App, push.User, strings.TrimPrefix(branch, "refs/heads/"), false)
+	a, err := p.ensureApp(push.App, push.User, branchName, false)
 	if err != nil {
 		log.Error("recording app", "err", err)
 		return failf(out, push, "cannot record the app's state; the server log has details")
 	}
 	rel := &Release{
-		Kind: KindPush, Description: "Deploy " + short(deploy.New), Commit: deploy.New,
+		Kind: KindPush, Description: "Deploy " + short(deploy.New), Commit: deploy.New, PushID: push.ID,
 		ConfigVersion: a.Config.Version, Env: cloneEnv(a.Config.Env), User: push.User, Status: StatusPending,
 	}
 	if _, err := p.Store.NewRelease(a.Name, rel); err != nil {
@@ -151,13 +146,101 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 		p.fail(log, a.Name, rel, nil, nil, "cannot keep the pushed source")
 		return failf(out, push, "cannot keep the pushed source of v%d; the server log has details", rel.Version)
 	}
+	fmt.Fprintf(out, "-----> Received %s (%s) for %s, pushed by %s, release v%d\n",
+		branchName, short(deploy.New), push.App, push.User, rel.Version)
+	// A push made on a stale base is refused at once (git would refuse its ref update), but
+	// only now: like every push, its commit is kept at its release ref.
+	if err := p.checkBase(push.Dir, branch, deploy.Old); err != nil {
+		p.fail(log, a.Name, rel, nil, nil, "not built: the branch had moved since the push was made")
+		return failf(out, push, "%v", err)
+	}
+
+	l, err := p.holdBuild(ctx, log, a.Name, rel, out)
+	if err != nil {
+		reason := err.Error()
+		if ctx.Err() != nil {
+			reason = "cancelled: the pusher disconnected while v" + fmt.Sprint(rel.Version) + " was queued"
+		}
+		log.Info("not building", "reason", reason)
+		p.fail(log, a.Name, rel, nil, nil, reason)
+		return failf(out, push, "v%d %s", rel.Version, reason)
+	}
+	// The lease is held until git has applied (or refused) this push's ref updates, so the
+	// next push of the app builds on the ref this one leaves.
+	deployed := false
+	defer func() {
+		finish := func() {
+			if deployed && push.Done != nil {
+				p.moveBranch(log, push.Dir, branch, deploy.Old, deploy.New)
+			}
+			if err := l.Release(context.Background()); err != nil {
+				log.Warn("releasing the app's lease", "err", err)
+			}
+		}
+		if push.Done == nil {
+			finish()
+			return
+		}
+		go func() { <-push.Done; finish() }()
+	}()
+	// Another push may have moved the branch while this one waited; building now would
+	// deploy a commit whose ref update git is about to refuse.
+	if err := p.checkBase(push.Dir, branch, deploy.Old); err != nil {
+		p.fail(log, a.Name, rel, nil, nil, "the branch moved while v"+fmt.Sprint(rel.Version)+" was queued")
+		return failf(out, push, "%v", err)
+	}
+	if newer, err := p.newerImageRelease(a.Name, rel.Version); err == nil && newer != nil {
+		se := &supersededError{Version: newer.Version, Commit: newer.Commit, User: newer.User}
+		p.fail(log, a.Name, rel, nil, nil, se.Error())
+		return failf(out, push, "v%d %v", rel.Version, se)
+	}
+
 	fmt.Fprintf(out, "-----> Building %s from %s (%s), pushed by %s, release v%d\n",
-		push.App, strings.TrimPrefix(branch, "refs/heads/"), short(deploy.New), push.User, rel.Version)
-	if err := p.buildAndDeploy(ctx, log, a, rel, push.Dir, push.GitEnv, out); err != nil {
+		push.App, branchName, short(deploy.New), push.User, rel.Version)
+	cancelOnDisconnect := slices.Contains(push.Options, OptionCancelOnDisconnect)
+	if err := p.buildAndDeploy(ctx, log, a, rel, l, cancelOnDisconnect, push.Dir, push.GitEnv, out); err != nil {
 		return failf(out, push, "%s\n !     release v%d failed; its source stays fetchable: git fetch <remote> %s",
 			err.Error(), rel.Version, rel.Ref())
 	}
+	deployed = true
 	return nil
+}
+
+// checkBase fails, for people, when branch of the bare repository dir is not at old (the
+// value the push was made on).
+func (p *Pipeline) checkBase(dir, branch, old string) error {
+	cur, err := refValue(dir, branch)
+	if err != nil {
+		p.logger().Error("reading deploy branch", "dir", dir, "err", err)
+		return errors.New("cannot read the app's repository")
+	}
+	if cur != old {
+		return fmt.Errorf("%s moved to %s while this push waited (it was made on %s)\n"+
+			"       run: git pull --rebase && git push", strings.TrimPrefix(branch, "refs/heads/"), short(cur), short(old))
+	}
+	return nil
+}
+
+// moveBranch makes sure branch is at new after git receive-pack has exited: when the pusher
+// disconnected after the build was decided, git was killed before it could move the ref, and
+// the branch is moved here from old, so that ref, image and traffic still move together.
+func (p *Pipeline) moveBranch(log *slog.Logger, dir, branch, old, new string) {
+	cur, err := refValue(dir, branch)
+	switch {
+	case err != nil:
+		log.Error("reading deploy branch after the push", "err", err)
+	case cur == new:
+	case cur == old:
+		cmd := exec.Command("git", "--git-dir="+dir, "update-ref", "-m", "kpush: deployed after the pusher disconnected", branch, new, old)
+		cmd.Env = cleanGitEnv()
+		if b, err := cmd.CombinedOutput(); err != nil {
+			log.Error("moving the deploy branch to the deployed commit", "err", err, "output", strings.TrimSpace(string(b)))
+			return
+		}
+		log.Info("moved the deploy branch to the deployed commit: the pusher had disconnected", "ref", branch, "commit", new)
+	default:
+		log.Warn("deploy branch is at another commit than the one deployed", "ref", branch, "at", cur, "deployed", new)
+	}
 }
 
 // ensureApp returns app's record, creating it on the app's first push or apps:create, with
@@ -184,25 +267,40 @@ func (p *Pipeline) ensureApp(app, user, branch string, grant bool) (*App, error)
 		return nil, err
 	}
 	if a.DeployBranch == "" && branch != "" {
-		a.DeployBranch = branch
-		if err := p.Store.PutApp(a); err != nil {
-			return nil, err
-		}
+		return p.Store.UpdateApp(app, func(a *App) error {
+			if a.DeployBranch == "" {
+				a.DeployBranch = branch
+			}
+			return nil
+		})
 	}
 	return a, nil
 }
 
 // buildAndDeploy builds rel.Commit of the repository gitDir (gitEnv: the push's quarantine,
-// nil outside a push) with the app's build env, then deploys it as release rel. Everything
-// written to out from here on also goes to the build log. The returned error is phrased for
-// people; the release and build records say how it ended.
-func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App, rel *Release, gitDir string, gitEnv []string, out io.Writer) error {
+// nil outside a push) with the app's build env, then deploys it as release rel with the
+// app's config as it is then. l is the app's build lease, held by the caller. The build
+// outlives ctx (the pusher going away) unless cancelOnDisconnect; losing l or builds:cancel
+// stops it. Everything written to out from here on also goes to the build log. The returned
+// error is phrased for people; the release and build records say how it ended.
+func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App, rel *Release, l *lease.Lease, cancelOnDisconnect bool, gitDir string, gitEnv []string, out io.Writer) error {
 	start := time.Now()
+	bctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancel(nil)
+	timeout := p.BuildTimeout
+	if timeout <= 0 {
+		timeout = time.Hour
+	}
+	bctx, tcancel := context.WithTimeoutCause(bctx, timeout, fmt.Errorf("the build and deploy took longer than %s", timeout))
+	defer tcancel()
+	watched := make(chan struct{})
+	defer close(watched)
+	go p.watchBuild(a.Name, rel, l, ctx, cancelOnDisconnect, cancel, watched)
+
 	b := &Build{Commit: rel.Commit, Release: rel.Version, User: rel.User, Status: StatusPending}
 	if _, err := p.Store.NewBuild(a.Name, b); err != nil {
 		log.Error("recording build", "err", err)
-		p.fail(log, a.Name, rel, nil, nil, "cannot record the build")
-		return errors.New("cannot record the build; the server log has details")
+		return p.fail(log, a.Name, rel, nil, nil, "cannot record the build")
 	}
 	rel.Build = b.Number
 	if err := p.Store.PutRelease(a.Name, rel); err != nil {
@@ -225,19 +323,22 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 		return p.fail(log, a.Name, rel, b, logw, "cannot prepare the build")
 	}
 	defer os.RemoveAll(src)
-	if err := archive(ctx, gitDir, gitEnv, rel.Commit, src); err != nil {
+	if err := archive(bctx, gitDir, gitEnv, rel.Commit, src); err != nil {
 		log.Error("extracting source tree", "err", err)
 		return p.fail(log, a.Name, rel, b, logw, fmt.Sprintf("cannot read commit %s", short(rel.Commit)))
 	}
-	res, err := p.Builder.Build(ctx, buildpack.Request{
+	res, err := p.Builder.Build(bctx, buildpack.Request{
 		App:       a.Name,
 		SourceDir: src,
 		Image:     p.Registry + "/" + a.Name,
 		Env:       cloneEnv(a.BuildEnv),
 	}, indent(out))
+	if err == nil && bctx.Err() != nil {
+		err = context.Cause(bctx)
+	}
 	if err != nil {
 		log.Error("build failed", "err", err, "duration", time.Since(start))
-		return p.fail(log, a.Name, rel, b, logw, buildMessage(err))
+		return p.fail(log, a.Name, rel, b, logw, buildMessage(bctx, err))
 	}
 	log.Info("build finished", "image", res.Image, "duration", time.Since(start))
 	b.Status, b.Finished = StatusSucceeded, time.Now().UTC()
@@ -245,36 +346,12 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 		log.Error("recording build", "err", err)
 	}
 	rel.Image = res.Image
-	return p.deploy(ctx, log, a, rel, start, out, logw)
-}
-
-// deploy puts rel (stored, pending, with Image and Env) into service and records how it
-// ended. On success rel becomes the app's current release and its config the app's config.
-// logw, if not nil, is the build log alone (out already reaches it): the failure reason goes
-// there. Everything is written before the release is recorded as decided, so that
-// builds:output -f, which stops then, sees it all.
-func (p *Pipeline) deploy(ctx context.Context, log *slog.Logger, a *App, rel *Release, start time.Time, out, logw io.Writer) error {
-	fmt.Fprintf(out, "-----> Deploying %s\n", rel.Image)
-	url, err := p.Deployer.Deploy(ctx, deployer.Release{
-		App: a.Name, Image: rel.Image, Commit: rel.Commit, Pusher: rel.User, Env: cloneEnv(rel.Env), Version: rel.Version,
-	}, indent(out))
-	if err != nil {
-		log.Error("deploy failed", "err", err)
-		return p.fail(log, a.Name, rel, nil, logw, fmt.Sprintf("deploy failed: %v\n       the previous release keeps serving", err))
-	}
-	log.Info("released", "url", url, "duration", time.Since(start))
-	fmt.Fprintf(out, "-----> Released %s v%d (%s) in %s\n", a.Name, rel.Version, short(rel.Commit), time.Since(start).Round(100*time.Millisecond))
-	fmt.Fprintf(out, "       %s\n", url)
-	rel.Status = StatusSucceeded
-	if err := p.Store.PutRelease(a.Name, rel); err != nil {
-		log.Error("recording release", "err", err)
-	}
-	a.Current, a.URL = rel.Version, url
-	a.Config = Config{Version: rel.ConfigVersion, Env: cloneEnv(rel.Env)}
-	if err := p.Store.PutApp(a); err != nil {
-		log.Error("recording app", "err", err)
-	}
-	return nil
+	return p.deployRelease(bctx, log, a.Name, rel, start, out, logw, func(a *App, _ *Release) error {
+		// The image is this build's; the config is the app's as it is now, so that a
+		// config change made during the build is kept.
+		rel.ConfigVersion, rel.Env = a.Config.Version, cloneEnv(a.Config.Env)
+		return nil
+	})
 }
 
 // fail records rel (and b, if not nil) as failed with reason and returns reason as an error.
@@ -316,26 +393,6 @@ func (t *tee) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-// lock serialises pushes per app within this process. It gives up when ctx ends.
-func (p *Pipeline) lock(ctx context.Context, app string) (unlock func(), err error) {
-	p.mu.Lock()
-	if p.locks == nil {
-		p.locks = map[string]chan struct{}{}
-	}
-	l, ok := p.locks[app]
-	if !ok {
-		l = make(chan struct{}, 1)
-		p.locks[app] = l
-	}
-	p.mu.Unlock()
-	select {
-	case l <- struct{}{}:
-		return func() { <-l }, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
 func (p *Pipeline) logger() *slog.Logger {
 	if p.Log != nil {
 		return p.Log
@@ -354,14 +411,15 @@ func failf(out io.Writer, push *gitserver.Push, format string, args ...any) erro
 	return errRejected
 }
 
-// buildMessage phrases a build error for the pusher.
-func buildMessage(err error) string {
+// buildMessage phrases a build error for the pusher; ctx is the build's, whose cause says
+// why a cancelled build stopped.
+func buildMessage(ctx context.Context, err error) string {
+	if ctx.Err() != nil {
+		return "build " + context.Cause(ctx).Error()
+	}
 	var be *buildpack.Error
 	if errors.As(err, &be) && be.Hint != "" {
 		return be.Msg + "\n !     hint: " + be.Hint
-	}
-	if errors.Is(err, context.Canceled) {
-		return "build cancelled: the connection closed"
 	}
 	return err.Error()
 }

@@ -135,7 +135,7 @@ func TestPreReceive(t *testing.T) {
 		{"delete deploy branch", []gitserver.RefUpdate{{Old: commit, New: gitserver.ZeroID, Name: "refs/heads/main"}}, nil, nil, true, 0,
 			[]string{"refusing to delete the deploy branch main of app demo"}},
 		{"stale base", []gitserver.RefUpdate{{Old: commit, New: commit, Name: "refs/heads/main"}}, nil, nil, true, 0,
-			[]string{"main moved to 0000000 while this push waited", "git pull --rebase && git push"}},
+			[]string{"main moved to 0000000 while this push waited (it was made on " + commit[:7] + ")", "git pull --rebase && git push"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

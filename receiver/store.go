@@ -1,6 +1,7 @@
 package receiver
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,8 +12,10 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
+	"syscall"
 	"time"
+
+	"kpush.dev/kpush/receiver/lease"
 )
 
 // Release kinds: what caused a release.
@@ -64,6 +67,17 @@ type Release struct {
 	Created       time.Time         `json:"created"`
 	Status        string            `json:"status"`           // StatusPending, StatusSucceeded, StatusFailed
 	Reason        string            `json:"reason,omitempty"` // why it failed
+	// Base is the release this one was planned on: the app's current release when its deploy
+	// was planned (0: none). Its image and env are what the deploy expected to find in the
+	// Service; a field someone else changed since is not overwritten.
+	Base int `json:"base,omitempty"`
+	// DeployAttempted is set once the release was handed to the Deployer: a failed release
+	// with it may have written the Service (e.g. a Knative Service that never became Ready).
+	DeployAttempted bool   `json:"deploy_attempted,omitempty"`
+	PushID          string `json:"push_id,omitempty"` // the push that caused it, for the server log
+	// Owner is the kpush process (Store.Owner) that runs the release while it is pending; a
+	// pending release whose owner died counts as interrupted.
+	Owner string `json:"owner,omitempty"`
 }
 
 // Ref is the immutable ref that keeps the release's source: "refs/kpush/releases/v<N>".
@@ -82,59 +96,196 @@ type Build struct {
 	Status   string    `json:"status"` // StatusPending while it runs
 	Started  time.Time `json:"started"`
 	Finished time.Time `json:"finished,omitzero"`
+	Owner    string    `json:"owner,omitempty"` // the kpush process running it (Release.Owner)
+}
+
+// QueueEntry is the one push (or rebuild) of an app waiting for the app's running build,
+// <data>/state/apps/<app>/queue.json. A newer one replaces it; the replaced waiter notices
+// and gives up ("superseded by vN").
+type QueueEntry struct {
+	Release int       `json:"release"`
+	PushID  string    `json:"push_id,omitempty"`
+	User    string    `json:"user"`
+	Commit  string    `json:"commit"`
+	Since   time.Time `json:"since"`
+	Owner   string    `json:"owner"`
+}
+
+// CancelRequest asks the process running release Release of an app to cancel its build
+// (builds:cancel), <data>/state/apps/<app>/cancel.json.
+type CancelRequest struct {
+	Release int       `json:"release"`
+	User    string    `json:"user"`
+	At      time.Time `json:"at"`
 }
 
 // ErrNoApp is returned (wrapped) for an app without state.
 var ErrNoApp = errors.New("no such app")
 
 // Store keeps app records, releases and builds as JSON files under <data>/state/apps, each
-// written atomically (temp file + rename, mode 0600). One process owns a data dir. Safe for
-// concurrent use; numbering is serialised per Store.
+// written atomically (temp file + rename, mode 0600). Several processes may share a data dir
+// (two `kpush dev` or `kpush serve` processes on one machine): every read-modify-write of an
+// app's numbering, record and queue holds flock(2) on <data>/state/apps/.locks/<app>.lock,
+// and each process holds flock on <data>/state/owners/<owner>.lock for as long as it lives,
+// so that what a dead process left pending can be told from what a live one is running.
+// Safe for concurrent use.
 type Store struct {
-	dir string // <data>/state/apps
-
-	mu sync.Mutex
+	dir    string // <data>/state/apps
+	owners string // <data>/state/owners
+	owner  string
+	ownerF *os.File
 }
 
-// OpenStore opens (creating) the app state under dataDir/state/apps. Releases and builds
-// left pending by a previous process that stopped mid-build are marked failed.
+// OpenStore opens (creating) the app state under dataDir/state/apps as a new owner (see
+// Owner). Releases and builds left pending by a process that is gone are marked failed.
 func OpenStore(dataDir string) (*Store, error) {
 	dir := filepath.Join(dataDir, "state", "apps")
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("creating app state directory: %w", err)
+	owners := filepath.Join(dataDir, "state", "owners")
+	for _, d := range []string{filepath.Join(dir, ".locks"), owners} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("creating app state directory: %w", err)
+		}
 	}
-	s := &Store{dir: dir}
+	s := &Store{dir: dir, owners: owners, owner: lease.ProcessIdentity()}
+	f, err := os.OpenFile(filepath.Join(owners, s.owner+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("creating owner lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", f.Name(), err)
+	}
+	s.ownerF = f
 	apps, err := s.Apps()
 	if err != nil {
 		return nil, err
 	}
 	for _, a := range apps {
-		rels, err := s.Releases(a.Name)
-		if err != nil {
+		if err := s.sweep(a.Name); err != nil {
 			return nil, err
-		}
-		for _, r := range rels {
-			if r.Status == StatusPending {
-				r.Status, r.Reason = StatusFailed, "interrupted: the server stopped during the release"
-				if err := s.PutRelease(a.Name, r); err != nil {
-					return nil, err
-				}
-			}
-		}
-		builds, err := s.Builds(a.Name)
-		if err != nil {
-			return nil, err
-		}
-		for _, b := range builds {
-			if b.Status == StatusPending {
-				b.Status = StatusFailed
-				if err := s.PutBuild(a.Name, b); err != nil {
-					return nil, err
-				}
-			}
 		}
 	}
 	return s, nil
+}
+
+// sweep marks app's pending releases and builds whose owner is gone as failed.
+func (s *Store) sweep(app string) error {
+	rels, err := s.Releases(app)
+	if err != nil {
+		return err
+	}
+	for _, r := range rels {
+		if r.Status == StatusPending && !s.OwnerAlive(r.Owner) {
+			r.Status, r.Reason = StatusFailed, "interrupted: the server stopped during the release"
+			if err := s.PutRelease(app, r); err != nil {
+				return err
+			}
+		}
+	}
+	builds, err := s.Builds(app)
+	if err != nil {
+		return err
+	}
+	for _, b := range builds {
+		if b.Status == StatusPending && !s.OwnerAlive(b.Owner) {
+			b.Status, b.Finished = StatusFailed, time.Now().UTC()
+			if err := s.PutBuild(app, b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Owner is this Store's process identity ("<host>_<pid>_<random>", lease.ProcessIdentity),
+// recorded in the releases and builds it runs.
+func (s *Store) Owner() string { return s.owner }
+
+// OwnerAlive reports whether the process that opened the Store with owner still has it
+// open. "" (records from before owners were kept) is not alive.
+func (s *Store) OwnerAlive(owner string) bool {
+	if owner == s.owner {
+		return s.ownerF != nil
+	}
+	if owner == "" || strings.ContainsAny(owner, "/\\") {
+		return false
+	}
+	f, err := os.OpenFile(filepath.Join(s.owners, owner+".lock"), os.O_RDWR, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		return true // EWOULDBLOCK: its process holds it
+	}
+	os.Remove(f.Name()) // gone for good: nobody will hold it again
+	return false
+}
+
+// Close gives up this Store's ownership, as a stopped process would.
+func (s *Store) Close() error {
+	if s.ownerF == nil {
+		return nil
+	}
+	err := s.ownerF.Close()
+	os.Remove(s.ownerF.Name())
+	s.ownerF = nil
+	return err
+}
+
+// lockApp runs f holding the exclusive flock of app's state (short read-modify-writes only).
+func (s *Store) lockApp(app string, f func() error) error {
+	lf, err := os.OpenFile(filepath.Join(s.dir, ".locks", app+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening lock of app %s: %w", app, err)
+	}
+	defer lf.Close()
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("locking state of app %s: %w", app, err)
+	}
+	return f()
+}
+
+// releasePoll is how often LockRelease tries the lock while someone else holds it.
+const releasePoll = 50 * time.Millisecond
+
+// LockRelease blocks until the caller holds app's release lock, or ctx ends. The release lock
+// is held while a release is planned on the app's current release, deployed and recorded, so
+// that the app's current release and config change one release at a time, across processes
+// sharing the data dir (flock(2) on <data>/state/apps/.locks/<app>.release; the kernel drops
+// it when its process dies). note says what for; waiting, if not nil, is called once with the
+// holder's note when the lock is busy.
+func (s *Store) LockRelease(ctx context.Context, app, note string, waiting func(holder string)) (unlock func(), err error) {
+	path := filepath.Join(s.dir, ".locks", app+".release")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening release lock of app %s: %w", app, err)
+	}
+	told := false
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) {
+			f.Close()
+			return nil, fmt.Errorf("locking release lock of app %s: %w", app, err)
+		}
+		if !told && waiting != nil {
+			told = true
+			b, _ := os.ReadFile(path)
+			waiting(strings.TrimSpace(string(b)))
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("waiting for the release lock of app %s: %w", app, context.Cause(ctx))
+		case <-time.After(releasePoll):
+		}
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(note+"\n"), 0)
+	return func() { f.Truncate(0); f.Close() }, nil
 }
 
 func (s *Store) appDir(app string) string { return filepath.Join(s.dir, app) }
@@ -146,8 +297,6 @@ func (s *Store) BuildLog(app string, n int) string {
 
 // CreateApp records a new app. It fails with fs.ErrExist (wrapped) when the app has state.
 func (s *Store) CreateApp(a *App) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	dir := s.appDir(a.Name)
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		return fmt.Errorf("creating state of app %s: %w", a.Name, err)
@@ -173,9 +322,27 @@ func (s *Store) App(app string) (*App, error) {
 	return &a, nil
 }
 
-// PutApp replaces an app's record.
+// PutApp replaces an app's record. Use UpdateApp to change one.
 func (s *Store) PutApp(a *App) error {
 	return writeJSON(filepath.Join(s.appDir(a.Name), "app.json"), a)
+}
+
+// UpdateApp reads app's record, lets f change it and writes it back, holding app's state
+// lock throughout, so concurrent updates (of this or another process) are never lost. f's
+// error is returned unwrapped and nothing is written. It returns the record as written.
+func (s *Store) UpdateApp(app string, f func(*App) error) (*App, error) {
+	var a *App
+	err := s.lockApp(app, func() error {
+		var err error
+		if a, err = s.App(app); err != nil {
+			return err
+		}
+		if err := f(a); err != nil {
+			return err
+		}
+		return s.PutApp(a)
+	})
+	return a, err
 }
 
 // Apps lists every app, sorted by name.
@@ -203,8 +370,6 @@ func (s *Store) Apps() ([]*App, error) {
 
 // RemoveApp deletes an app's state: record, releases, builds and their logs.
 func (s *Store) RemoveApp(app string) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	// Rename first, so a half-removed app never looks like an app.
 	tmp := filepath.Join(s.dir, ".removed-"+app+"-"+strconv.FormatInt(time.Now().UnixNano(), 36))
 	if err := os.Rename(s.appDir(app), tmp); err != nil {
@@ -216,19 +381,24 @@ func (s *Store) RemoveApp(app string) error {
 	return os.RemoveAll(tmp)
 }
 
-// NewRelease gives r the next release number of app, stores it and returns the number.
+// NewRelease gives r the next release number of app, stores it and returns the number. A
+// pending release without an Owner gets this Store's.
 func (s *Store) NewRelease(app string, r *Release) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n, err := maxNumber(filepath.Join(s.appDir(app), "releases"), "v", ".json")
-	if err != nil {
-		return 0, err
-	}
-	r.Version = n + 1
-	if r.Created.IsZero() {
-		r.Created = time.Now().UTC()
-	}
-	return r.Version, writeJSON(s.releasePath(app, r.Version), r)
+	err := s.lockApp(app, func() error {
+		n, err := maxNumber(filepath.Join(s.appDir(app), "releases"), "v", ".json")
+		if err != nil {
+			return err
+		}
+		r.Version = n + 1
+		if r.Created.IsZero() {
+			r.Created = time.Now().UTC()
+		}
+		if r.Status == StatusPending && r.Owner == "" {
+			r.Owner = s.owner
+		}
+		return writeJSON(s.releasePath(app, r.Version), r)
+	})
+	return r.Version, err
 }
 
 func (s *Store) releasePath(app string, n int) string {
@@ -262,20 +432,83 @@ func (s *Store) Releases(app string) ([]*Release, error) {
 // NewBuild gives b the next build number of app, stores it, creates its empty log and
 // returns the number.
 func (s *Store) NewBuild(app string, b *Build) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n, err := maxNumber(filepath.Join(s.appDir(app), "builds"), "", ".json")
+	err := s.lockApp(app, func() error {
+		n, err := maxNumber(filepath.Join(s.appDir(app), "builds"), "", ".json")
+		if err != nil {
+			return err
+		}
+		b.Number = n + 1
+		if b.Started.IsZero() {
+			b.Started = time.Now().UTC()
+		}
+		if b.Status == StatusPending && b.Owner == "" {
+			b.Owner = s.owner
+		}
+		if err := os.WriteFile(s.BuildLog(app, b.Number), nil, 0o600); err != nil {
+			return fmt.Errorf("creating build log: %w", err)
+		}
+		return writeJSON(s.buildPath(app, b.Number), b)
+	})
+	return b.Number, err
+}
+
+func (s *Store) queuePath(app string) string { return filepath.Join(s.appDir(app), "queue.json") }
+
+// Enqueue makes e app's queued push, replacing an older one (its waiter learns from Queued).
+// When a newer push is queued already, e is not queued and that one is returned.
+func (s *Store) Enqueue(app string, e QueueEntry) (newer *QueueEntry, err error) {
+	err = s.lockApp(app, func() error {
+		cur, err := s.Queued(app)
+		if err != nil {
+			return err
+		}
+		if cur != nil && cur.Release > e.Release {
+			newer = cur
+			return nil
+		}
+		return writeJSON(s.queuePath(app), e)
+	})
+	return newer, err
+}
+
+// Queued returns app's queued push, nil when none.
+func (s *Store) Queued(app string) (*QueueEntry, error) {
+	var e QueueEntry
+	err := readJSON(s.queuePath(app), &e)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	b.Number = n + 1
-	if b.Started.IsZero() {
-		b.Started = time.Now().UTC()
+	return &e, nil
+}
+
+// Dequeue removes app's queued push if it is release's.
+func (s *Store) Dequeue(app string, release int) error {
+	return s.lockApp(app, func() error {
+		cur, err := s.Queued(app)
+		if err != nil || cur == nil || cur.Release != release {
+			return err
+		}
+		return os.Remove(s.queuePath(app))
+	})
+}
+
+func (s *Store) cancelPath(app string) string { return filepath.Join(s.appDir(app), "cancel.json") }
+
+// RequestCancel asks whichever process runs release r of app to cancel its build.
+func (s *Store) RequestCancel(app string, c CancelRequest) error {
+	return writeJSON(s.cancelPath(app), c)
+}
+
+// CancelRequested returns the cancel request for release n of app, nil when there is none.
+func (s *Store) CancelRequested(app string, n int) *CancelRequest {
+	var c CancelRequest
+	if err := readJSON(s.cancelPath(app), &c); err != nil || c.Release != n {
+		return nil
 	}
-	if err := os.WriteFile(s.BuildLog(app, b.Number), nil, 0o600); err != nil {
-		return 0, fmt.Errorf("creating build log: %w", err)
-	}
-	return b.Number, writeJSON(s.buildPath(app, b.Number), b)
+	return &c
 }
 
 func (s *Store) buildPath(app string, n int) string {

@@ -10,7 +10,7 @@ import (
 )
 
 // TestStorePersists numbers releases and builds per app from 1, keeps them across a reopen,
-// and marks what a stopped server left pending as failed.
+// and marks what a stopped server left pending as failed, but not what a live one runs.
 func TestStorePersists(t *testing.T) {
 	data := t.TempDir()
 	s, err := OpenStore(data)
@@ -54,6 +54,19 @@ func TestStorePersists(t *testing.T) {
 		t.Errorf("v1.json: %v, mode %v; want 0600", err, fi.Mode())
 	}
 
+	// A second process on the same data dir leaves the live one's pending release alone.
+	other, err := OpenStore(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := other.Release("demo", 3); r == nil || r.Status != StatusPending {
+		t.Errorf("v3 after a second process opened the store = %+v, want still pending", r)
+	}
+	other.Close()
+	// The first "stops" during v3.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 	s2, err := OpenStore(data)
 	if err != nil {
 		t.Fatal(err)

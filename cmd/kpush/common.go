@@ -17,6 +17,7 @@ import (
 	"kpush.dev/kpush/gitserver/access"
 	"kpush.dev/kpush/receiver"
 	"kpush.dev/kpush/receiver/commands"
+	"kpush.dev/kpush/receiver/lease"
 )
 
 // gitConfig is what both modes share: where git pushes arrive and who may push.
@@ -24,6 +25,9 @@ type gitConfig struct {
 	DataDir        string
 	SSHAddr        string
 	AuthorizedKeys []string
+	// LeaseTTL is how long an app's build lease outlives its holder's last renewal: how long
+	// a crashed server blocks the app's pushes at most.
+	LeaseTTL time.Duration
 }
 
 func (c *gitConfig) flags(fs *pflag.FlagSet, defData, defSSH string) {
@@ -34,6 +38,13 @@ func (c *gitConfig) flags(fs *pflag.FlagSet, defData, defSSH string) {
 		keys = filepath.SplitList(v)
 	}
 	fs.StringArrayVar(&c.AuthorizedKeys, "authorized-keys", keys, "OpenSSH public keys file allowed to push; repeatable (env KPUSH_AUTHORIZED_KEYS, ':'-separated)")
+	ttl := lease.DefaultTTL
+	if v := os.Getenv("KPUSH_LEASE_TTL"); v != "" {
+		if d, err := time.ParseDuration(v); err == nil {
+			ttl = d
+		}
+	}
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", ttl, "how long an app's build lease outlives a server that stopped renewing it (crashed): the longest a dead server blocks pushes (env KPUSH_LEASE_TTL)")
 }
 
 // validate joins every problem, each saying how to fix it.
@@ -44,6 +55,9 @@ func (c *gitConfig) validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.SSHAddr); err != nil {
 		errs = append(errs, fmt.Errorf("--ssh-addr %q: want HOST:PORT, e.g. 127.0.0.1:2222", c.SSHAddr))
+	}
+	if c.LeaseTTL < time.Second {
+		errs = append(errs, fmt.Errorf("--lease-ttl %s: want at least 1s, e.g. 30s", c.LeaseTTL))
 	}
 	if len(c.AuthorizedKeys) == 0 {
 		errs = append(errs, errors.New("no authorized keys: pass --authorized-keys FILE (an OpenSSH .pub or authorized_keys file)"))
@@ -72,6 +86,7 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 	if err := acc.Bootstrap(c.AuthorizedKeys...); err != nil {
 		return fmt.Errorf("registering the admins of --authorized-keys: %w", err)
 	}
+	defer store.Close()
 	p.Store, p.Access = store, acc
 	cmds := &commands.Handler{Apps: p, Access: acc, SSH: sshHint(c.SSHAddr)}
 	srv, err := gitserver.New(p,

@@ -16,6 +16,7 @@ import (
 	"kpush.dev/kpush/buildpack"
 	"kpush.dev/kpush/deployer/local"
 	"kpush.dev/kpush/receiver"
+	"kpush.dev/kpush/receiver/lease"
 )
 
 // devCommand is `kpush dev`: SSH git server, a local registry process, local builds and the
@@ -80,9 +81,15 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 					return err
 				}
 			}
+			// Leases are files in the data dir, so two dev processes sharing it are safe too.
+			leases, err := lease.NewFile(filepath.Join(c.DataDir, "state", "leases"), lease.WithTTL(c.LeaseTTL), lease.WithLogger(log))
+			if err != nil {
+				return err
+			}
 			p := &receiver.Pipeline{
 				Builder:  builder,
 				Deployer: rt,
+				Leases:   leases,
 				Registry: reg.Addr() + "/kpush",
 				WorkDir:  filepath.Join(c.DataDir, "tmp"),
 				Log:      log,

@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	servingclientset "knative.dev/serving/pkg/client/clientset/versioned"
 
 	"kpush.dev/kpush/buildpack"
 	"kpush.dev/kpush/deployer/knative"
 	"kpush.dev/kpush/receiver"
+	"kpush.dev/kpush/receiver/lease"
 )
 
 // serveCommand is `kpush serve`: cluster mode, deploying Knative Services.
@@ -26,6 +28,7 @@ func serveCommand() *cobra.Command {
 		registry     string
 		runImage     string
 		readyTimeout time.Duration
+		buildpacks   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve",
@@ -53,10 +56,22 @@ func serveCommand() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("building Knative Serving client: %w", err)
 			}
+			kcs, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return fmt.Errorf("building Kubernetes client: %w", err)
+			}
 			d := knative.New(cs, namespace, knative.WithReadyTimeout(readyTimeout), knative.WithLogger(log))
+			builder := &buildpack.Local{DataDir: c.DataDir, RunImage: runImage, Log: log}
+			if len(buildpacks) > 0 {
+				if builder.ExtraBuildpacks, builder.Order, err = extraBuildpacks(buildpacks); err != nil {
+					return err
+				}
+			}
 			p := &receiver.Pipeline{
-				Builder:  &buildpack.Local{DataDir: c.DataDir, RunImage: runImage, Log: log},
+				Builder:  builder,
 				Deployer: d,
+				// One coordination.k8s.io Lease per app, shared by every replica.
+				Leases:   lease.NewKube(kcs.CoordinationV1(), namespace, lease.WithTTL(c.LeaseTTL), lease.WithLogger(log)),
 				Registry: registry,
 				WorkDir:  filepath.Join(c.DataDir, "tmp"),
 				Log:      log,
@@ -79,6 +94,7 @@ func serveCommand() *cobra.Command {
 			readyDefault = d
 		}
 	}
+	fs.StringArrayVar(&buildpacks, "buildpack", nil, "directory of an extra buildpack (buildpack.toml, bin/detect, bin/build), run as optional in front of every group of the default order; repeatable")
 	fs.DurationVar(&readyTimeout, "ready-timeout", readyDefault, "how long a deploy waits for the Service to become Ready (env KPUSH_READY_TIMEOUT)")
 	return cmd
 }

@@ -288,38 +288,49 @@ const (
 // ErrConflict. If m changes nothing, nothing is written and Unchanged is returned. A Service
 // without label app.kubernetes.io/managed-by=kpush is refused with ErrNotManaged.
 func (d *Deployer) Apply(ctx context.Context, name string, m Mutation) (*servingv1.Service, Change, error) {
+	return d.write(ctx, name, func(_, next *servingv1.Service, _ bool, _ int) error { return m(next) })
+}
+
+// write is the read-modify-write loop behind Apply and ApplyPlan. Each attempt reads the
+// Service name (a fresh object labelled managed-by=kpush if there is none; an existing one
+// without that label is refused with ErrNotManaged), lets modify change next, a copy of cur,
+// and creates or updates it carrying the resourceVersion it read. An unchanged object is not
+// written. A 409 Conflict or AlreadyExists starts the next attempt from a fresh read, up to
+// WithMaxWriteAttempts in all (then ErrConflict); any other error, including modify's, ends
+// the loop.
+func (d *Deployer) write(ctx context.Context, name string, modify func(cur, next *servingv1.Service, exists bool, attempt int) error) (*servingv1.Service, Change, error) {
 	services := d.cs.ServingV1().Services(d.ns)
 	log := d.log.With("app", name)
 	for attempt := 1; ; attempt++ {
 		cur, err := services.Get(ctx, name, metav1.GetOptions{})
+		exists := true
+		switch {
+		case apierrors.IsNotFound(err):
+			exists = false
+			cur = &servingv1.Service{ObjectMeta: metav1.ObjectMeta{
+				Name: name, Namespace: d.ns, Labels: map[string]string{LabelManagedBy: ManagedBy},
+			}}
+		case err != nil:
+			return nil, "", fmt.Errorf("reading Knative Service %s/%s: %w", d.ns, name, err)
+		case cur.Labels[LabelManagedBy] != ManagedBy:
+			return nil, "", fmt.Errorf("%w: Knative Service %s in namespace %s exists and was not created by kpush (label %s=%s missing); kpush will not take it over: delete it with `kubectl delete ksvc %s -n %s`, or push under another app name",
+				ErrNotManaged, name, d.ns, LabelManagedBy, ManagedBy, name, d.ns)
+		}
+		next := cur.DeepCopy()
+		if err := modify(cur, next, exists, attempt); err != nil {
+			return nil, "", err
+		}
 		var (
 			written *servingv1.Service
 			change  Change
 		)
 		switch {
-		case apierrors.IsNotFound(err):
-			next := &servingv1.Service{ObjectMeta: metav1.ObjectMeta{
-				Name: name, Namespace: d.ns, Labels: map[string]string{LabelManagedBy: ManagedBy},
-			}}
-			if err := m(next); err != nil {
-				return nil, "", err
-			}
+		case !exists:
 			written, err = services.Create(ctx, next, metav1.CreateOptions{FieldManager: ManagedBy})
 			change = Created
-		case err != nil:
-			return nil, "", fmt.Errorf("reading Knative Service %s/%s: %w", d.ns, name, err)
+		case equality.Semantic.DeepEqual(cur, next):
+			return cur, Unchanged, nil
 		default:
-			if cur.Labels[LabelManagedBy] != ManagedBy {
-				return nil, "", fmt.Errorf("%w: Knative Service %s in namespace %s exists and was not created by kpush (label %s=%s missing); kpush will not take it over: delete it with `kubectl delete ksvc %s -n %s`, or push under another app name",
-					ErrNotManaged, name, d.ns, LabelManagedBy, ManagedBy, name, d.ns)
-			}
-			next := cur.DeepCopy()
-			if err := m(next); err != nil {
-				return nil, "", err
-			}
-			if equality.Semantic.DeepEqual(cur, next) {
-				return cur, Unchanged, nil
-			}
 			written, err = services.Update(ctx, next, metav1.UpdateOptions{FieldManager: ManagedBy})
 			change = Updated
 		}
@@ -331,7 +342,7 @@ func (d *Deployer) Apply(ctx context.Context, name string, m Mutation) (*serving
 		}
 		log.Warn("conflicting write, retrying from a fresh read", "attempt", attempt, "max_attempts", d.maxAttempts, "err", err)
 		if attempt >= d.maxAttempts {
-			return nil, "", fmt.Errorf("%w: Knative Service %s/%s changed under kpush %d times in a row; try the push again: %w",
+			return nil, "", fmt.Errorf("%w: Knative Service %s/%s changed under kpush %d times in a row; try again: %w",
 				ErrConflict, d.ns, name, attempt, err)
 		}
 		select {

@@ -8,12 +8,9 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 
 	"kpush.dev/kpush/deployer"
@@ -181,27 +178,11 @@ func (d *Deployer) ApplyPlan(ctx context.Context, name string, p Plan) (*serving
 
 // applyPlan calls planFor once, with the Service as first read (nil if missing).
 func (d *Deployer) applyPlan(ctx context.Context, name string, planFor func(*servingv1.Service) Plan) (*servingv1.Service, Change, error) {
-	services := d.cs.ServingV1().Services(d.ns)
-	log := d.log.With("app", name)
 	var (
 		p       Plan
 		planned bool
 	)
-	for attempt := 1; ; attempt++ {
-		cur, err := services.Get(ctx, name, metav1.GetOptions{})
-		exists := true
-		switch {
-		case apierrors.IsNotFound(err):
-			exists = false
-			cur = &servingv1.Service{ObjectMeta: metav1.ObjectMeta{
-				Name: name, Namespace: d.ns, Labels: map[string]string{LabelManagedBy: ManagedBy},
-			}}
-		case err != nil:
-			return nil, "", fmt.Errorf("reading Knative Service %s/%s: %w", d.ns, name, err)
-		case cur.Labels[LabelManagedBy] != ManagedBy:
-			return nil, "", fmt.Errorf("%w: Knative Service %s in namespace %s exists and was not created by kpush (label %s=%s missing); kpush will not take it over: delete it with `kubectl delete ksvc %s -n %s`, or push under another app name",
-				ErrNotManaged, name, d.ns, LabelManagedBy, ManagedBy, name, d.ns)
-		}
+	return d.write(ctx, name, func(cur, next *servingv1.Service, exists bool, attempt int) error {
 		if !planned {
 			var first *servingv1.Service
 			if exists {
@@ -209,42 +190,12 @@ func (d *Deployer) applyPlan(ctx context.Context, name string, planFor func(*ser
 			}
 			p, planned = planFor(first), true
 		}
-		next := cur.DeepCopy()
 		if err := p.apply(d.ns, name, cur, next); err != nil {
-			log.Warn("owned field changed by another writer", "err", err, "attempt", attempt)
-			return nil, "", err
+			d.log.Warn("owned field changed by another writer", "app", name, "err", err, "attempt", attempt)
+			return err
 		}
-		var (
-			written *servingv1.Service
-			change  Change
-		)
-		switch {
-		case !exists:
-			written, err = services.Create(ctx, next, metav1.CreateOptions{FieldManager: ManagedBy})
-			change = Created
-		case equality.Semantic.DeepEqual(cur, next):
-			return cur, Unchanged, nil
-		default:
-			written, err = services.Update(ctx, next, metav1.UpdateOptions{FieldManager: ManagedBy})
-			change = Updated
-		}
-		if err == nil {
-			return written, change, nil
-		}
-		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-			return nil, "", fmt.Errorf("writing Knative Service %s/%s: %w", d.ns, name, err)
-		}
-		log.Warn("conflicting write, re-checking owned fields on a fresh read", "attempt", attempt, "max_attempts", d.maxAttempts, "err", err)
-		if attempt >= d.maxAttempts {
-			return nil, "", fmt.Errorf("%w: Knative Service %s/%s changed under kpush %d times in a row; try again: %w",
-				ErrConflict, d.ns, name, attempt, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, "", fmt.Errorf("writing Knative Service %s/%s: %w", d.ns, name, ctx.Err())
-		case <-time.After(time.Duration(attempt) * conflictBackoff):
-		}
-	}
+		return nil
+	})
 }
 
 // apply checks p's owned fields of cur against their bases and sets them on next (a copy of

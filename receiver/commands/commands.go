@@ -99,7 +99,7 @@ func (inv *invocation) root() *cobra.Command {
 		inv.releases(), inv.releasesInfo(), inv.rollback(), inv.rebuild(),
 		inv.config(), inv.configSet(), inv.configUnset(),
 		inv.buildEnv(), inv.buildEnvSet(), inv.buildEnvUnset(),
-		inv.builds(), inv.buildsOutput(),
+		inv.builds(), inv.buildsOutput(), inv.buildsCancel(), inv.appsUnlock(),
 	)
 	if inv.h.Access != nil {
 		for _, c := range inv.h.Access.Commands(inv.user) {
@@ -687,4 +687,51 @@ func (inv *invocation) buildsOutput() *cobra.Command {
 		return inv.h.Apps.BuildOutput(cmd.Context(), a[0], n, *follow, cmd.OutOrStdout())
 	}
 	return cmd
+}
+
+func (inv *invocation) buildsCancel() *cobra.Command {
+	return &cobra.Command{
+		Use:   "builds:cancel APP",
+		Short: "Stop the running build of an app (its push is rejected; the previous release keeps serving)",
+		Args:  args([]string{"APP"}, 0),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			if err := inv.need(a[0], access.RoleDeploy); err != nil {
+				return err
+			}
+			r, err := inv.h.Apps.CancelBuild(cmd.Context(), a[0], inv.user)
+			if err != nil {
+				return err
+			}
+			what := fmt.Sprintf("v%d", r.Version)
+			if r.Build > 0 {
+				what = fmt.Sprintf("build #%d (v%d)", r.Build, r.Version)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Cancelling %s of %s, %s by %s; it stops within a second\n", what, a[0], short(r.Commit), r.User)
+			return nil
+		},
+	}
+}
+
+func (inv *invocation) appsUnlock() *cobra.Command {
+	return &cobra.Command{
+		Use:   "apps:unlock APP",
+		Short: "Free an app's build lease whoever holds it (a crashed server's lease also expires by itself)",
+		Args:  args([]string{"APP"}, 0),
+		RunE: func(cmd *cobra.Command, a []string) error {
+			if err := inv.need(a[0], access.RoleAdmin); err != nil {
+				return err
+			}
+			h, held, err := inv.h.Apps.Unlock(cmd.Context(), a[0])
+			if err != nil {
+				return err
+			}
+			if !held {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s was not locked; nothing to do\n", a[0])
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "Unlocked %s: its lease was held by %s (%s) since %s; that build is cancelled if its server is alive\n",
+				a[0], h.Holder, orDash(h.Note), stamp(h.Acquired))
+			return nil
+		},
+	}
 }

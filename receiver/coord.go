@@ -1,0 +1,403 @@
+package receiver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"kpush.dev/kpush/deployer"
+	"kpush.dev/kpush/receiver/lease"
+)
+
+// How operations of one app share it (issue 4: concurrent pushes and config changes never
+// clobber each other):
+//
+//   - The build lease (Pipeline.Leases, named after the app) is held by one push or rebuild
+//     from the moment it leaves the queue until git has applied its ref update. At most one
+//     more waits for it, recorded in the app's queue (Store.Enqueue); a newer arrival
+//     replaces the waiter, which gives up with "superseded by vN".
+//   - The release lock (Store.LockRelease) is held only while a release is planned on the
+//     app's current release, deployed and recorded. Config changes and rollbacks take only
+//     this one, so they never wait for a build.
+//   - A build that finishes when a newer image-changing release (push, rebuild, rollback)
+//     exists is not deployed (supersededError), so only the newest arrival deploys.
+//   - Every deploy is planned on the current release (Release.Base) and, when the Deployer
+//     can (DeployFrom), writes only the fields it changes, refusing when someone else changed
+//     one of them since.
+
+// baseDeployer is knative.BaseDeployer (see deployer.Deployer), found by type assertion.
+type baseDeployer interface {
+	DeployFrom(ctx context.Context, base, r deployer.Release, out io.Writer) (url string, err error)
+}
+
+// queuePoll is how often a queued push checks whether a newer one replaced it.
+const queuePoll = 100 * time.Millisecond
+
+// cancelPoll is how often a running build looks for builds:cancel requests.
+const cancelPoll = 250 * time.Millisecond
+
+// supersededError says that a newer release made this one pointless.
+type supersededError struct {
+	Version      int
+	Commit, User string
+}
+
+func (e *supersededError) Error() string {
+	if e.Commit == "" {
+		return fmt.Sprintf("superseded by v%d by %s", e.Version, e.User)
+	}
+	return fmt.Sprintf("superseded by v%d (%s by %s)", e.Version, short(e.Commit), e.User)
+}
+
+// changesImage reports whether a release of kind replaces the app's image: only the newest
+// of those deploys.
+func changesImage(kind string) bool {
+	return kind == KindPush || kind == KindRebuild || kind == KindRollback
+}
+
+// newerImageRelease returns the newest image-changing release of app after version v that
+// is running, queued or done (not failed), nil when there is none. A pending release whose
+// process died is marked failed on the way.
+func (p *Pipeline) newerImageRelease(app string, v int) (*Release, error) {
+	rels, err := p.Store.Releases(app)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rels { // newest first
+		if r.Version <= v {
+			break
+		}
+		if !changesImage(r.Kind) || r.Status == StatusFailed {
+			continue
+		}
+		if r.Status == StatusPending && !p.Store.OwnerAlive(r.Owner) {
+			r.Status, r.Reason = StatusFailed, "interrupted: the server stopped during the release"
+			if err := p.Store.PutRelease(app, r); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		return r, nil
+	}
+	return nil, nil
+}
+
+func (p *Pipeline) leases() lease.Locker {
+	p.leaseOnce.Do(func() {
+		if p.Leases == nil {
+			p.Leases = lease.NewLocal(lease.WithLogger(p.logger()))
+		}
+	})
+	return p.Leases
+}
+
+// leaseNote is the lease note of a build of rel; parseLeaseNote reads it back.
+func leaseNote(rel *Release) string {
+	return fmt.Sprintf("v%d by %s, %s", rel.Version, rel.User, short(rel.Commit))
+}
+
+func parseLeaseNote(note string) (version int, ok bool) {
+	_, err := fmt.Sscanf(note, "v%d by ", &version)
+	return version, err == nil
+}
+
+// holderMessage describes the build holding an app's lease for people:
+// "build #3 by alice, abc1234, running 35 s".
+func (p *Pipeline) holderMessage(app string, h lease.Info) string {
+	running := time.Since(h.Acquired).Truncate(time.Second).Seconds()
+	if v, ok := parseLeaseNote(h.Note); ok {
+		if r, err := p.Store.Release(app, v); err == nil {
+			what := fmt.Sprintf("release v%d", v)
+			if r.Build > 0 {
+				what = fmt.Sprintf("build #%d", r.Build)
+			}
+			return fmt.Sprintf("%s by %s, %s, running %.0f s", what, r.User, short(r.Commit), running)
+		}
+	}
+	if h.Note == "" {
+		return fmt.Sprintf("%s, running %.0f s", h.Holder, running)
+	}
+	return fmt.Sprintf("%s, running %.0f s", h.Note, running)
+}
+
+// holdBuild queues rel (stored, pending) for app's build lease and returns the lease once
+// held. It fails with a *supersededError when a newer push replaced rel in the queue, or
+// with ctx's cause when ctx ends first (the pusher went away): rel then leaves the queue.
+// While it waits it tells out what it waits for.
+func (p *Pipeline) holdBuild(ctx context.Context, log *slog.Logger, app string, rel *Release, out io.Writer) (*lease.Lease, error) {
+	newer, err := p.Store.Enqueue(app, QueueEntry{Release: rel.Version, PushID: rel.PushID, User: rel.User,
+		Commit: rel.Commit, Since: time.Now().UTC(), Owner: p.Store.Owner()})
+	if err != nil {
+		return nil, fmt.Errorf("queueing: %w", err)
+	}
+	if newer != nil {
+		return nil, &supersededError{Version: newer.Release, Commit: newer.Commit, User: newer.User}
+	}
+	defer func() {
+		if err := p.Store.Dequeue(app, rel.Version); err != nil {
+			log.Error("leaving the queue", "err", err)
+		}
+	}()
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	type result struct {
+		l   *lease.Lease
+		err error
+	}
+	done := make(chan result, 1)
+	held := make(chan lease.Info, 8)
+	go func() {
+		l, err := p.leases().Acquire(actx, app, leaseNote(rel), func(h lease.Info) {
+			select {
+			case held <- h:
+			default:
+			}
+		})
+		done <- result{l, err}
+	}()
+	tick := time.NewTicker(queuePoll)
+	defer tick.Stop()
+	for {
+		select {
+		case r := <-done:
+			var se *supersededError
+			if errors.As(context.Cause(actx), &se) {
+				if r.l != nil {
+					r.l.Release(context.WithoutCancel(ctx))
+				}
+				return nil, se
+			}
+			if r.err != nil {
+				if c := context.Cause(ctx); c != nil {
+					return nil, c
+				}
+				return nil, r.err
+			}
+			return r.l, nil
+		case h := <-held:
+			fmt.Fprintf(out, "-----> v%d queued behind %s; a newer push replaces this one\n", rel.Version, p.holderMessage(app, h))
+		case <-tick.C:
+			q, err := p.Store.Queued(app)
+			if err != nil {
+				log.Warn("reading the queue", "err", err)
+				continue
+			}
+			if q != nil && q.Release > rel.Version {
+				cancel(&supersededError{Version: q.Release, Commit: q.Commit, User: q.User})
+			}
+		}
+	}
+}
+
+// releasePlan fills rel (stored, pending) from the app's state under the release lock: a is
+// the app as it is now, cur its current release (nil: none). It may refuse with an error
+// for people; nothing is deployed then.
+type releasePlan func(a *App, cur *Release) error
+
+// deployRelease takes app's release lock, refuses rel if it is an image-changing release
+// and a newer one exists (*supersededError), plans it on the current release, deploys it and
+// records how it ended: on success rel becomes the app's current release and its config the
+// app's config. logw, if not nil, is the build log alone (out already reaches it): a failure
+// reason goes there too. Everything is written before the release is recorded as decided, so
+// that builds:output -f, which stops then, sees it all. The returned error is for people.
+func (p *Pipeline) deployRelease(ctx context.Context, log *slog.Logger, app string, rel *Release, start time.Time, out, logw io.Writer, plan releasePlan) error {
+	unlock, err := p.Store.LockRelease(ctx, app, fmt.Sprintf("v%d %s by %s", rel.Version, rel.Description, rel.User), func(holder string) {
+		fmt.Fprintf(out, "-----> Waiting for the release in progress (%s)\n", holder)
+	})
+	if err != nil {
+		log.Error("taking the release lock", "err", err)
+		return p.fail(log, app, rel, nil, logw, fmt.Sprintf("gave up waiting for the app's release in progress: %v", context.Cause(ctx)))
+	}
+	defer unlock()
+	if changesImage(rel.Kind) {
+		newer, err := p.newerImageRelease(app, rel.Version)
+		if err != nil {
+			log.Error("reading releases", "err", err)
+			return p.fail(log, app, rel, nil, logw, "cannot read the app's releases")
+		}
+		if newer != nil {
+			se := &supersededError{Version: newer.Version, Commit: newer.Commit, User: newer.User}
+			log.Info("superseded, not deploying", "by", newer.Version)
+			return p.fail(log, app, rel, nil, logw, fmt.Sprintf("v%d not deployed: %v", rel.Version, se))
+		}
+	}
+	a, err := p.Store.App(app)
+	if err != nil {
+		log.Error("reading app", "err", err)
+		return p.fail(log, app, rel, nil, logw, "cannot read the app's state")
+	}
+	var cur *Release
+	if a.Current > 0 {
+		if cur, err = p.Store.Release(app, a.Current); err != nil {
+			log.Error("reading the current release", "err", err)
+			return p.fail(log, app, rel, nil, logw, "cannot read the app's current release")
+		}
+	}
+	if err := plan(a, cur); err != nil {
+		return p.fail(log, app, rel, nil, logw, err.Error())
+	}
+	if cur != nil {
+		rel.Base = cur.Version
+	}
+	rel.DeployAttempted = true
+	if err := p.Store.PutRelease(app, rel); err != nil {
+		log.Error("recording release", "err", err)
+	}
+	fmt.Fprintf(out, "-----> Deploying %s\n", rel.Image)
+	url, err := p.deployFrom(ctx, log, app, cur, rel, indent(out))
+	if err != nil {
+		log.Error("deploy failed", "err", err)
+		msg := fmt.Sprintf("deploy failed: %v\n !     the previous release keeps serving", err)
+		if c := context.Cause(ctx); c != nil && ctx.Err() != nil {
+			msg = fmt.Sprintf("deploy stopped: %v", c)
+		}
+		return p.fail(log, app, rel, nil, logw, msg)
+	}
+	log.Info("released", "url", url, "duration", time.Since(start), "base", rel.Base)
+	fmt.Fprintf(out, "-----> Released %s v%d (%s) in %s\n", app, rel.Version, short(rel.Commit), time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(out, "       %s\n", url)
+	rel.Status = StatusSucceeded
+	if err := p.Store.PutRelease(app, rel); err != nil {
+		log.Error("recording release", "err", err)
+	}
+	if _, err := p.Store.UpdateApp(app, func(a *App) error {
+		a.Current, a.URL = rel.Version, url
+		a.Config = Config{Version: rel.ConfigVersion, Env: cloneEnv(rel.Env)}
+		return nil
+	}); err != nil {
+		log.Error("recording app", "err", err)
+	}
+	return nil
+}
+
+// deployFrom deploys rel planned on cur. With a Deployer that takes a base (DeployFrom), the
+// base is cur; if one of rel's fields conflicts with it, the releases kpush tried to deploy
+// after cur and that failed (a Service written but never Ready) are tried as the base in turn,
+// newest first: their write is kpush's own, not someone else's. Each try writes nothing
+// unless its base matches.
+func (p *Pipeline) deployFrom(ctx context.Context, log *slog.Logger, app string, cur, rel *Release, out io.Writer) (string, error) {
+	r := deployer.Release{App: app, Image: rel.Image, Commit: rel.Commit, Pusher: rel.User, Env: cloneEnv(rel.Env), Version: rel.Version}
+	bd, ok := p.Deployer.(baseDeployer)
+	if !ok {
+		return p.Deployer.Deploy(ctx, r, out)
+	}
+	bases := []deployer.Release{asDeployed(app, cur)}
+	if rels, err := p.Store.Releases(app); err == nil {
+		for _, f := range rels {
+			if f.Version < rel.Version && (cur == nil || f.Version > cur.Version) && f.Status == StatusFailed && f.DeployAttempted && f.Image != "" {
+				bases = append(bases, asDeployed(app, f))
+			}
+		}
+	}
+	var first error
+	for i, base := range bases {
+		url, err := bd.DeployFrom(ctx, base, r, out)
+		if err == nil || !isFieldConflict(err) {
+			return url, err
+		}
+		if i == 0 {
+			first = err
+		}
+		log.Info("field conflict against the planned base; trying the next", "base", base.Version, "err", err)
+	}
+	return "", first
+}
+
+// isFieldConflict matches knative.ErrFieldConflict without importing the knative deployer.
+func isFieldConflict(err error) bool {
+	var fc interface{ Is(error) bool }
+	return errors.As(err, &fc) && strings.Contains(err.Error(), "was changed by someone else")
+}
+
+func asDeployed(app string, r *Release) deployer.Release {
+	if r == nil {
+		return deployer.Release{}
+	}
+	return deployer.Release{App: app, Image: r.Image, Commit: r.Commit, Pusher: r.User, Env: cloneEnv(r.Env), Version: r.Version}
+}
+
+// watchBuild cancels the build context (cancel) when the build lease is lost, when
+// builds:cancel asks for it, or — with cancelOnDisconnect — when the pusher disconnects
+// (pusher ends). It returns when done is closed.
+func (p *Pipeline) watchBuild(app string, rel *Release, l *lease.Lease, pusher context.Context, cancelOnDisconnect bool, cancel context.CancelCauseFunc, done <-chan struct{}) {
+	tick := time.NewTicker(cancelPoll)
+	defer tick.Stop()
+	var gone <-chan struct{}
+	if cancelOnDisconnect {
+		gone = pusher.Done()
+	}
+	var lost <-chan struct{}
+	if l != nil {
+		lost = l.Lost()
+	}
+	for {
+		select {
+		case <-done:
+			return
+		case <-lost:
+			cancel(fmt.Errorf("cancelled: this server lost the app's lease (%v); the build may run elsewhere now", l.Err()))
+			return
+		case <-gone:
+			cancel(errors.New("cancelled: the pusher disconnected (push option cancel-on-disconnect)"))
+			return
+		case <-tick.C:
+			if c := p.Store.CancelRequested(app, rel.Version); c != nil {
+				cancel(fmt.Errorf("cancelled by %s (builds:cancel)", c.User))
+				return
+			}
+		}
+	}
+}
+
+// CancelBuild asks the running build of app to stop (builds:cancel), wherever it runs: the
+// process holding the app's lease sees the request within a second. It returns the release
+// whose build it cancels.
+func (p *Pipeline) CancelBuild(ctx context.Context, app, user string) (*Release, error) {
+	if _, err := p.App(app); err != nil {
+		return nil, err
+	}
+	h, held, err := p.leases().Holder(ctx, app)
+	if err != nil {
+		return nil, p.internal(app, "reading the app's lease", err)
+	}
+	v, ok := parseLeaseNote(h.Note)
+	if !held || !ok {
+		return nil, userErrorf("no build of %s is running", app)
+	}
+	r, err := p.Store.Release(app, v)
+	if err != nil {
+		return nil, p.internal(app, "reading the running release", err)
+	}
+	if err := p.Store.RequestCancel(app, CancelRequest{Release: v, User: user, At: time.Now().UTC()}); err != nil {
+		return nil, p.internal(app, "recording the cancel request", err)
+	}
+	return r, nil
+}
+
+// LeaseInfo is who holds an app's build lease, for apps:unlock.
+type LeaseInfo = lease.Info
+
+// Unlock frees app's build lease whoever holds it (apps:unlock) and empties its queue entry
+// if the waiter's process is gone. It returns the lease as it was and whether it was held.
+// The holder, if alive, learns at its next renewal and cancels its build.
+func (p *Pipeline) Unlock(ctx context.Context, app string) (LeaseInfo, bool, error) {
+	if _, err := p.App(app); err != nil {
+		return LeaseInfo{}, false, err
+	}
+	h, held, err := p.leases().Holder(ctx, app)
+	if err != nil {
+		return h, false, p.internal(app, "reading the app's lease", err)
+	}
+	if err := p.leases().Break(ctx, app); err != nil {
+		return h, held, p.internal(app, "breaking the app's lease", err)
+	}
+	if q, err := p.Store.Queued(app); err == nil && q != nil && !p.Store.OwnerAlive(q.Owner) {
+		p.Store.Dequeue(app, q.Release)
+	}
+	p.logger().Warn("app unlocked", "app", app, "holder", h.Holder, "note", h.Note, "was_held", held)
+	return h, held, nil
+}
