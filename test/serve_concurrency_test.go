@@ -1,24 +1,16 @@
 package test
 
 import (
-	"context"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
-	servingclientset "knative.dev/serving/pkg/client/clientset/versioned"
-
-	"kpush.dev/kpush/deployer/knativetest"
 )
 
 // TestServeTwoReplicasConcurrency is must-shows 2 and 5, with 1 and 3 in a compact form: two
@@ -35,17 +27,8 @@ import (
 //  3. Four simultaneous pushes split between the replicas: honest exit statuses, the Service
 //     on the last release's digest, every commit kept by a release ref, git fsck clean.
 func TestServeTwoReplicasConcurrency(t *testing.T) {
-	requireTools(t, "lifecycle", "launcher", "bwrap", "busybox", "kube-apiserver", "etcd")
-	cfg := knativetest.Start(t)
-	ns := knativetest.Namespace(t, cfg)
-	kubeconfig := knativetest.WriteKubeconfig(t, cfg, ns)
-	cs, err := servingclientset.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	knativetest.StartStandIn(ctx, t, cs, ns)
+	c := startCluster(t)
+	ctx, cs, ns := c.ctx, c.cs, c.ns
 
 	// Every image the Service ever carries, from a watch started before any push.
 	var (
@@ -67,32 +50,12 @@ func TestServeTwoReplicasConcurrency(t *testing.T) {
 		}
 	}()
 
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := &httptest.Server{Listener: l, Config: &http.Server{Handler: ggcrregistry.New()}}
-	reg.Start()
-	t.Cleanup(reg.Close)
-
 	g := newGate(t)
 	dir := t.TempDir()
 	key := sshKey(t, dir, "bob")
 	data := filepath.Join(dir, "data")
 	replica := func() *server {
-		addr := freeAddr(t)
-		s := start(t, addr, "serve",
-			"--kubeconfig", kubeconfig,
-			"--namespace", ns,
-			"--registry", l.Addr().String()+"/kpush",
-			"--data", data,
-			"--ssh-addr", addr,
-			"--authorized-keys", key+".pub",
-			"--lease-ttl", "10s",
-			"--buildpack", filepath.Join("testdata", "buildpacks", "gate"),
-			"--ready-timeout", "1m")
-		s.key = key
-		return s
+		return c.serve(t, data, key, "--lease-ttl", "10s", "--buildpack", filepath.Join("testdata", "buildpacks", "gate"))
 	}
 	s1 := replica()
 	s2 := replica() // after s1: the first one creates the host key

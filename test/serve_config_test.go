@@ -1,19 +1,11 @@
 package test
 
 import (
-	"context"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"testing"
 
-	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	servingclientset "knative.dev/serving/pkg/client/clientset/versioned"
-
-	"kpush.dev/kpush/deployer/knativetest"
 )
 
 // TestServeConfigSetNewRevision is config:set in cluster mode: `kpush serve` against a real
@@ -21,38 +13,11 @@ import (
 // command writes a new generation of the Service whose env has the value and whose image is
 // the same digest; rollback then brings back the previous env, again with the same digest.
 func TestServeConfigSetNewRevision(t *testing.T) {
-	requireTools(t, "lifecycle", "launcher", "bwrap", "busybox", "kube-apiserver", "etcd")
-	cfg := knativetest.Start(t)
-	ns := knativetest.Namespace(t, cfg)
-	kubeconfig := knativetest.WriteKubeconfig(t, cfg, ns)
-	cs, err := servingclientset.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	knativetest.StartStandIn(ctx, t, cs, ns)
-
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := &httptest.Server{Listener: l, Config: &http.Server{Handler: ggcrregistry.New()}}
-	reg.Start()
-	t.Cleanup(reg.Close)
-
+	c := startCluster(t)
+	ctx, cs, ns := c.ctx, c.cs, c.ns
 	dir := t.TempDir()
 	key := sshKey(t, dir, "bob")
-	sshAddr := freeAddr(t)
-	s := start(t, sshAddr, "serve",
-		"--kubeconfig", kubeconfig,
-		"--namespace", ns,
-		"--registry", l.Addr().String()+"/kpush",
-		"--data", filepath.Join(dir, "data"),
-		"--ssh-addr", sshAddr,
-		"--authorized-keys", key+".pub",
-		"--ready-timeout", "1m")
-	s.key = key
+	s := c.serve(t, filepath.Join(dir, "data"), key)
 	env := gitEnv(key)
 
 	work := workTree(t, env, "goweb")

@@ -1,21 +1,13 @@
 package test
 
 import (
-	"context"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	servingclientset "knative.dev/serving/pkg/client/clientset/versioned"
-
-	"kpush.dev/kpush/deployer/knativetest"
 )
 
 // TestServePushDeploysKnativeService is cluster mode end to end: `kpush serve` with the
@@ -23,39 +15,11 @@ import (
 // controller is not running; knativetest.StandIn stands in for it and marks Services Ready.
 // The Service must carry exactly the digest the registry holds for the build.
 func TestServePushDeploysKnativeService(t *testing.T) {
-	requireTools(t, "lifecycle", "launcher", "bwrap", "busybox", "kube-apiserver", "etcd")
-	cfg := knativetest.Start(t)
-	ns := knativetest.Namespace(t, cfg)
-	kubeconfig := knativetest.WriteKubeconfig(t, cfg, ns)
-	cs, err := servingclientset.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	knativetest.StartStandIn(ctx, t, cs, ns)
-
-	// A real OCI registry (go-containerregistry's) on loopback.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := &httptest.Server{Listener: l, Config: &http.Server{Handler: ggcrregistry.New()}}
-	reg.Start()
-	t.Cleanup(reg.Close)
-	registry := l.Addr().String() + "/kpush"
-
+	c := startCluster(t)
+	ctx, cs, ns, registry := c.ctx, c.cs, c.ns, c.registry
 	dir := t.TempDir()
 	key := sshKey(t, dir, "bob")
-	sshAddr := freeAddr(t)
-	s := start(t, sshAddr, "serve",
-		"--kubeconfig", kubeconfig,
-		"--namespace", ns,
-		"--registry", registry,
-		"--data", filepath.Join(dir, "data"),
-		"--ssh-addr", sshAddr,
-		"--authorized-keys", key+".pub",
-		"--ready-timeout", "1m")
+	s := c.serve(t, filepath.Join(dir, "data"), key)
 	env := gitEnv(key)
 
 	work := workTree(t, env, "goweb")
