@@ -3,6 +3,7 @@ package buildpack
 import (
 	"bytes"
 	"embed"
+	"encoding/json"
 	"fmt"
 	"io/fs"
 	"os"
@@ -112,7 +113,62 @@ func writeBuilder(dir string, bps []fs.FS, order []Group, runImage string) error
 	if err := os.WriteFile(filepath.Join(dir, "order.toml"), orderTOML, 0o644); err != nil {
 		return err
 	}
+	if err := writeLifecycleSBOMs(filepath.Join(dir, "lifecycle")); err != nil {
+		return fmt.Errorf("writing the lifecycle's SBOMs: %w", err)
+	}
 	return os.WriteFile(filepath.Join(dir, "run.toml"), renderRun(runImage), 0o644)
+}
+
+// LifecycleVersion is the CNB lifecycle tools/build.sh builds (lifecycle and launcher).
+const LifecycleVersion = "0.20.4"
+
+// writeLifecycleSBOMs writes the SBOMs the exporter looks for beside the lifecycle
+// (/cnb/lifecycle/{lifecycle,launcher}.sbom.{cdx,spdx,syft}.json, lifecycle phase/exporter.go
+// copyDefaultSBOMsForComponent); without them it warns "Did not find SBOM ..." six times per
+// build. Each describes the component itself (buildpacks/lifecycle at LifecycleVersion) and
+// lists no dependencies: kpush builds it from source and records none.
+func writeLifecycleSBOMs(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	for _, c := range []string{"lifecycle", "launcher"} {
+		purl := "pkg:golang/github.com/buildpacks/lifecycle@v" + LifecycleVersion
+		docs := map[string]any{
+			// CycloneDX 1.5 JSON.
+			"cdx": map[string]any{
+				"bomFormat": "CycloneDX", "specVersion": "1.5", "version": 1,
+				"metadata":   map[string]any{"component": map[string]any{"type": "application", "name": c, "version": LifecycleVersion, "purl": purl}},
+				"components": []any{},
+			},
+			// SPDX 2.3 JSON.
+			"spdx": map[string]any{
+				"spdxVersion": "SPDX-2.3", "dataLicense": "CC0-1.0", "SPDXID": "SPDXRef-DOCUMENT", "name": c,
+				"documentNamespace": "https://kpush.dev/spdx/buildpacks-lifecycle-" + c + "-" + LifecycleVersion,
+				"creationInfo":      map[string]any{"created": "2024-01-01T00:00:00Z", "creators": []string{"Tool: kpush"}},
+				"packages": []any{map[string]any{"SPDXID": "SPDXRef-Package-" + c, "name": c, "versionInfo": LifecycleVersion,
+					"downloadLocation": "NOASSERTION", "externalRefs": []any{map[string]any{
+						"referenceCategory": "PACKAGE-MANAGER", "referenceType": "purl", "referenceLocator": purl}}}},
+			},
+			// Syft JSON (schema 16).
+			"syft": map[string]any{
+				"artifacts": []any{}, "artifactRelationships": []any{},
+				"source":     map[string]any{"id": c, "name": c, "version": LifecycleVersion, "type": "file", "metadata": map[string]any{"path": "/cnb/lifecycle/" + c}},
+				"distro":     map[string]any{},
+				"descriptor": map[string]any{"name": "kpush", "version": LifecycleVersion},
+				"schema":     map[string]any{"version": "16.0.0", "url": "https://raw.githubusercontent.com/anchore/syft/main/schema/json/schema-16.0.0.json"},
+			},
+		}
+		for ext, doc := range docs {
+			b, err := json.MarshalIndent(doc, "", "  ")
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, c+".sbom."+ext+".json"), append(b, '\n'), 0o644); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // renderOrder renders order.toml. versions maps the builder's buildpack IDs to versions.

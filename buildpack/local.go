@@ -370,6 +370,118 @@ func (l *Local) lockApp(ctx context.Context, app string, out io.Writer) (func(),
 	return func() { f.Close(); release() }, nil
 }
 
+// tryLockApp takes app's build lock (lockApp) if nobody holds it, in this process or another.
+func (l *Local) tryLockApp(app string) (unlock func(), ok bool) {
+	l.mu.Lock()
+	if l.appLocks == nil {
+		l.appLocks = map[string]chan struct{}{}
+	}
+	ch, found := l.appLocks[app]
+	if !found {
+		ch = make(chan struct{}, 1)
+		l.appLocks[app] = ch
+	}
+	l.mu.Unlock()
+	select {
+	case ch <- struct{}{}:
+	default:
+		return nil, false
+	}
+	f, err := os.OpenFile(filepath.Join(l.DataDir, "cache", app+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		<-ch
+		return nil, false
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		<-ch
+		return nil, false
+	}
+	return func() { f.Close(); <-ch }, true
+}
+
+// buildDirName is a per-build directory's name: "<app>-<tag>" (newTag).
+var buildDirName = regexp.MustCompile(`^(.+)-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$`)
+
+// buildDirApp returns the app of a per-build directory name.
+func buildDirApp(name string) (string, bool) {
+	m := buildDirName.FindStringSubmatch(name)
+	if m == nil || !appName.MatchString(m[1]) {
+		return "", false
+	}
+	return m[1], true
+}
+
+// ForgetApp removes what Local keeps of app: its build cache (<DataDir>/cache/<app>) and any
+// per-build directory a crashed build left. It waits (up to a minute) for a running build of
+// app. It implements receiver.AppForgetter, for apps:destroy.
+func (l *Local) ForgetApp(app string) error {
+	if !appName.MatchString(app) {
+		return fmt.Errorf("app name %q is not a DNS-1035 label", app)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	unlock, err := l.lockApp(ctx, app, io.Discard)
+	if err != nil {
+		return err
+	}
+	defer unlock() // the lock file stays: another process may be waiting on it
+	if err := os.RemoveAll(filepath.Join(l.DataDir, "cache", app)); err != nil {
+		return fmt.Errorf("removing the build cache of %s: %w", app, err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(l.DataDir, "builds"))
+	for _, e := range ents {
+		if a, ok := buildDirApp(e.Name()); ok && a == app {
+			if err := os.RemoveAll(filepath.Join(l.DataDir, "builds", e.Name())); err != nil {
+				return fmt.Errorf("removing a build directory of %s: %w", app, err)
+			}
+		}
+	}
+	return nil
+}
+
+// RemoveLeftovers removes per-build directories (<DataDir>/builds/<app>-<tag>) that a killed
+// process left behind: those last modified before before (the process start) whose app no
+// build holds the build lock of, here or in another process sharing DataDir (a running build
+// holds it for as long as its directory exists). It returns the paths removed.
+func (l *Local) RemoveLeftovers(before time.Time) ([]string, error) {
+	dir := filepath.Join(l.DataDir, "builds")
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing build directories: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(l.DataDir, "cache"), 0o755); err != nil {
+		return nil, fmt.Errorf("creating cache directory: %w", err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range ents {
+		app, ok := buildDirApp(e.Name())
+		if !ok {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || !info.ModTime().Before(before) {
+			continue
+		}
+		unlock, ok := l.tryLockApp(app)
+		if !ok {
+			continue // a build of app is running
+		}
+		p := filepath.Join(dir, e.Name())
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, fmt.Errorf("removing %s: %w", p, err))
+		} else {
+			removed = append(removed, p)
+		}
+		unlock()
+	}
+	return removed, errors.Join(errs...)
+}
+
 // prepare creates the per-build directory tree (see Local) and the app's cache directory,
 // and chowns the source to the CNB user.
 func (l *Local) prepare(build, cacheDir, source, runImage string, env map[string]string) error {

@@ -212,6 +212,16 @@ func checkRendered(t *testing.T, name, ns string, appNamespaces []string, objs [
 		}
 		find(t, objs, "Secret", "kpush-ssh-host-key")
 		roleRules(t, objs, ns, "kpush-apps")
+		// Build Pods run kpush's image and reach the source port through a ClusterIP Service.
+		if env["KPUSH_BUILDER"] != "kube" || env["KPUSH_IMAGE"] != c["image"] ||
+			env["KPUSH_SOURCE_URL"] != "http://kpush-source."+ns+".svc:8082/source" || env["KPUSH_SOURCE_ADDR"] != ":8082" {
+			t.Errorf("build Pod env: KPUSH_BUILDER %q KPUSH_IMAGE %q KPUSH_SOURCE_URL %q KPUSH_SOURCE_ADDR %q",
+				env["KPUSH_BUILDER"], env["KPUSH_IMAGE"], env["KPUSH_SOURCE_URL"], env["KPUSH_SOURCE_ADDR"])
+		}
+		src := find(t, objs, "Service", "kpush-source").Object["spec"].(map[string]any)
+		if sp := src["ports"].([]any)[0].(map[string]any); src["type"] != "ClusterIP" || fmt.Sprint(sp["port"]) != "8082" || sp["targetPort"] != "source" {
+			t.Errorf("source Service: type %v ports %v, want ClusterIP 8082 → source", src["type"], src["ports"])
+		}
 	case "custom":
 		want := map[string]string{
 			"KPUSH_NAMESPACE":         appNamespaces[0],

@@ -271,10 +271,10 @@ func New(h Handler, opts ...Option) (*Server, error) {
 		ServerConfigCallback: func(ssh.Context) *gossh.ServerConfig {
 			return &gossh.ServerConfig{PublicKeyAuthAlgorithms: pubKeyAuthAlgorithms}
 		},
-		PtyCallback: func(ctx ssh.Context, _ ssh.Pty) bool {
-			s.log.Info("refused pty request", "remote_addr", ctx.RemoteAddr().String(), "user", userFrom(ctx))
-			return false
-		},
+		// PTY requests are granted and otherwise ignored: `ssh -t git@host COMMAND` must not
+		// lose the command's output. No terminal is allocated; a command's output gets "\r\n"
+		// line ends instead (handleSession). git clients never ask for one.
+		PtyCallback: func(ssh.Context, ssh.Pty) bool { return true },
 		// nil Local/ReversePortForwardingCallback: gliderlabs refuses forwarding; the handlers
 		// below also give the refusal a reason and a log line.
 		ChannelHandlers: map[string]ssh.ChannelHandler{

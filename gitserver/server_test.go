@@ -434,8 +434,8 @@ func TestNonGitSessionsRefused(t *testing.T) {
 		code    int
 	}{
 		{"shell", nil, nil, []string{"interactive shells are not supported"}, 1},
-		// ssh -tt closes the session itself (status 255) when the server refuses the PTY.
-		{"pty", []string{"-tt"}, []string{"git-upload-pack 'app'"}, []string{"PTY allocation request failed"}, 255},
+		// A PTY is granted (and ignored): the refusal arrives, with CRLF line ends.
+		{"pty", []string{"-tt"}, []string{"ls"}, []string{"unknown command \"ls\": this server only serves git (git push, git clone)\r\n"}, 1},
 		{"other command", nil, []string{"ls", "-la"}, []string{`unknown command "ls"`}, 1},
 		{"sftp subsystem", []string{"-s"}, []string{"sftp"}, []string{`subsystem "sftp" is not supported`}, 1},
 		{"git-upload-archive", nil, []string{"git-upload-archive 'app'"}, []string{"not supported"}, 1},
@@ -450,7 +450,51 @@ func TestNonGitSessionsRefused(t *testing.T) {
 					t.Errorf("stderr %q lacks %q", stderr, w)
 				}
 			}
+			if strings.Contains(stderr, "PTY allocation request failed") {
+				t.Errorf("the PTY request was refused: %q", stderr)
+			}
 		})
+	}
+}
+
+// TestCommandWithPTY: `ssh -t git@host COMMAND` (and -tt, as a script forces it) runs the
+// command and delivers its output with CRLF line ends, its exit status intact; without a PTY
+// output is untouched. The handler learns the address the client connected to; a bare
+// `ssh git@host` is pointed at help.
+func TestCommandWithPTY(t *testing.T) {
+	var addr string
+	h := CommandHandlerFunc(func(_ context.Context, c *Command) int {
+		addr = c.Addr
+		fmt.Fprint(c.Stdout, "one\ntwo\n")
+		fmt.Fprint(c.Stderr, "warn\n")
+		if len(c.Args) > 1 {
+			return 3
+		}
+		return 0
+	})
+	ts := startServer(t, &recorder{}, WithCommandHandler(h))
+	for _, tc := range []struct {
+		name           string
+		extra          []string
+		command        []string
+		stdout, stderr string
+		code           int
+	}{
+		{"no pty", []string{"-T"}, []string{"hello"}, "one\ntwo\n", "warn\n", 0},
+		{"pty", []string{"-tt"}, []string{"hello"}, "one\r\ntwo\r\n", "warn\r\n", 0},
+		{"pty, failing", []string{"-tt"}, []string{"hello", "x"}, "one\r\ntwo\r\n", "warn\r\n", 3},
+		{"shell", []string{"-T"}, nil, "", "interactive shells are not supported; run: ssh -p " + ts.port + " git@127.0.0.1 help\n", 1},
+		{"shell with pty", []string{"-tt"}, nil, "", "interactive shells are not supported; run: ssh -p " + ts.port + " git@127.0.0.1 help\r\n", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stdout, stderr, code := ts.ssh(t, ts.aliceKey, "", tc.extra, tc.command...)
+			if stdout != tc.stdout || stderr != tc.stderr || code != tc.code {
+				t.Errorf("stdout %q, stderr %q, exit %d; want %q, %q, %d", stdout, stderr, code, tc.stdout, tc.stderr, tc.code)
+			}
+		})
+	}
+	if want := "127.0.0.1:" + ts.port; addr != want {
+		t.Errorf("Command.Addr = %q, want %q", addr, want)
 	}
 }
 

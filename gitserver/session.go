@@ -1,6 +1,7 @@
 package gitserver
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"runtime/debug"
@@ -90,8 +92,38 @@ func (s *Server) refuseSubsystem(sess ssh.Session) {
 // refuse tells the client why in one line on stderr and exits 1.
 func (s *Server) refuse(sess ssh.Session, msg string) {
 	s.log.Info("refused session", "remote_addr", sess.RemoteAddr().String(), "user", userFrom(sess.Context()), "reason", msg)
-	fmt.Fprintln(sess.Stderr(), msg)
+	fmt.Fprintln(forTerminal(sess, sess.Stderr()), msg)
 	sess.Exit(1)
+}
+
+// forTerminal returns w, or when the client was granted a PTY (ssh -t) w with "\n" written
+// as "\r\n": no terminal is allocated, so nothing else turns line feeds into the carriage
+// return plus line feed a raw-mode terminal needs (OpenSSH puts the local one in raw mode).
+func forTerminal(sess ssh.Session, w io.Writer) io.Writer {
+	if _, _, isPty := sess.Pty(); isPty {
+		return crlfWriter{w}
+	}
+	return w
+}
+
+// crlfWriter writes "\n" as "\r\n".
+type crlfWriter struct{ w io.Writer }
+
+func (c crlfWriter) Write(b []byte) (int, error) {
+	if _, err := c.w.Write(bytes.ReplaceAll(b, []byte("\n"), []byte("\r\n"))); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}
+
+// sshHint is the ssh command people run to reach this server from the connection whose
+// local address is local: "ssh -p 2222 git@127.0.0.1" ("ssh git@HOST" on port 22).
+func (s *Server) sshHint(local net.Addr) string {
+	host, port := s.publicHostPort(local)
+	if port == "22" {
+		return "ssh git@" + host
+	}
+	return "ssh -p " + port + " git@" + host
 }
 
 // handleSession runs one SSH exec or shell request.
@@ -109,7 +141,11 @@ func (s *Server) handleSession(sess ssh.Session) {
 	}
 	raw := sess.RawCommand()
 	if raw == "" {
-		s.refuse(sess, "interactive shells are not supported: this server only serves git (git push, git clone)")
+		if s.commands != nil {
+			s.refuse(sess, "interactive shells are not supported; run: "+s.sshHint(sess.LocalAddr())+" help")
+		} else {
+			s.refuse(sess, "interactive shells are not supported: this server only serves git (git push, git clone)")
+		}
 		return
 	}
 	req, isGit, err := parseGitCommand(raw)
@@ -131,22 +167,23 @@ func (s *Server) runCommand(ctx ssh.Context, sess ssh.Session, raw string) int {
 	if s.commands != nil {
 		args := sess.Command()
 		if len(args) == 0 { // blank, or gliderlabs' shell split failed
-			fmt.Fprintf(sess.Stderr(), "no command in %q: run help for the list of commands\n", raw)
+			fmt.Fprintf(forTerminal(sess, sess.Stderr()), "no command in %q: run help for the list of commands\n", raw)
 			return 1
 		}
 		word := args[0]
 		log := s.log.With("user", userFrom(ctx), "remote_addr", ctx.RemoteAddr().String(), "command", word)
 		log.Info("command started")
 		start := time.Now()
-		code := s.commands.RunCommand(ctx, &Command{User: userFrom(ctx), Args: args,
-			Stdin: sess, Stdout: sess, Stderr: sess.Stderr()})
+		host, port := s.publicHostPort(sess.LocalAddr())
+		code := s.commands.RunCommand(ctx, &Command{User: userFrom(ctx), Args: args, Addr: net.JoinHostPort(host, port),
+			Stdin: sess, Stdout: forTerminal(sess, sess), Stderr: forTerminal(sess, sess.Stderr())})
 		log.Info("command finished", "exit_status", code, "duration", time.Since(start))
 		return code
 	}
 	word, _, _ := strings.Cut(raw, " ")
 	msg := fmt.Sprintf("unknown command %q: this server only serves git (git push, git clone)", word)
 	s.log.Info("refused command", "remote_addr", ctx.RemoteAddr().String(), "user", userFrom(ctx), "command", word)
-	fmt.Fprintln(sess.Stderr(), msg)
+	fmt.Fprintln(forTerminal(sess, sess.Stderr()), msg)
 	return 1
 }
 

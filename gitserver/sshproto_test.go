@@ -45,7 +45,9 @@ func dialSSH(t *testing.T, ts *testServer, key string) (*gossh.Client, gossh.Pub
 	return c, hostKey
 }
 
-func TestForwardingAndPTYRefused(t *testing.T) {
+// TestForwardingRefusedPTYGranted: forwarding of every kind is refused with a reason; a PTY
+// request is granted (and ignored, see TestCommandWithPTY) so that `ssh -t` works.
+func TestForwardingRefusedPTYGranted(t *testing.T) {
 	ts := startServer(t, &recorder{})
 	c, _ := dialSSH(t, ts, ts.aliceKey)
 
@@ -66,10 +68,10 @@ func TestForwardingAndPTYRefused(t *testing.T) {
 			t.Errorf("%s: ok=%v err=%v, want refused", req, ok, err)
 		}
 	}
-	if err := sess.RequestPty("xterm", 24, 80, gossh.TerminalModes{}); err == nil {
-		t.Error("pty request was accepted")
+	if err := sess.RequestPty("xterm", 24, 80, gossh.TerminalModes{}); err != nil {
+		t.Errorf("pty request refused: %v", err)
 	}
-	// The session still works after all that: a git command gets its answer.
+	// The session works after all that: a git command gets its answer.
 	var stderr bytes.Buffer
 	sess.Stderr = &stderr
 	err = sess.Run("git-upload-pack 'nope'")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"kpush.dev/kpush/deployer"
+	"kpush.dev/kpush/internal/ops"
 	"kpush.dev/kpush/receiver/lease"
 )
 
@@ -52,6 +53,16 @@ func (e *supersededError) Error() string {
 	}
 	return fmt.Sprintf("superseded by v%d (%s by %s)", e.Version, short(e.Commit), e.User)
 }
+
+// supersededFailure is deployRelease's error for a release it did not deploy because a newer
+// one exists: the failure reason for people, wrapping the *supersededError.
+type supersededFailure struct {
+	reason error
+	se     *supersededError
+}
+
+func (e *supersededFailure) Error() string { return e.reason.Error() }
+func (e *supersededFailure) Unwrap() error { return e.se }
 
 // changesImage reports whether a release of kind replaces the app's image: only the newest
 // of those deploys.
@@ -132,11 +143,13 @@ func (p *Pipeline) holdBuild(ctx context.Context, log *slog.Logger, app string, 
 	newer, err := p.Store.Enqueue(app, QueueEntry{Release: rel.Version, PushID: rel.PushID, User: rel.User,
 		Commit: rel.Commit, Since: time.Now().UTC(), Owner: p.Store.Owner()})
 	if err != nil {
+		p.Metrics.Failure(ops.StageInternal)
 		return nil, fmt.Errorf("queueing: %w", err)
 	}
 	if newer != nil {
 		return nil, &supersededError{Version: newer.Release, Commit: newer.Commit, User: newer.User}
 	}
+	defer p.Metrics.Queued(app)()
 	defer func() {
 		if err := p.Store.Dequeue(app, rel.Version); err != nil {
 			log.Error("leaving the queue", "err", err)
@@ -205,11 +218,16 @@ type releasePlan func(a *App, cur *Release) error
 // reason goes there too. Everything is written before the release is recorded as decided, so
 // that builds:output -f, which stops then, sees it all. The returned error is for people.
 func (p *Pipeline) deployRelease(ctx context.Context, log *slog.Logger, app string, rel *Release, start time.Time, out, logw io.Writer, plan releasePlan) error {
+	end := p.Inflight.Begin()
+	defer end()
 	unlock, err := p.Store.LockRelease(ctx, app, fmt.Sprintf("v%d %s by %s", rel.Version, rel.Description, rel.User), func(holder string) {
 		fmt.Fprintf(out, "-----> Waiting for the release in progress (%s)\n", holder)
 	})
 	if err != nil {
 		log.Error("taking the release lock", "err", err)
+		if ctx.Err() == nil {
+			p.Metrics.Failure(ops.StageInternal)
+		}
 		return p.fail(log, app, rel, nil, logw, fmt.Sprintf("gave up waiting for the app's release in progress: %v", context.Cause(ctx)))
 	}
 	defer unlock()
@@ -217,23 +235,26 @@ func (p *Pipeline) deployRelease(ctx context.Context, log *slog.Logger, app stri
 		newer, err := p.newerImageRelease(app, rel.Version)
 		if err != nil {
 			log.Error("reading releases", "err", err)
+			p.Metrics.Failure(ops.StageInternal)
 			return p.fail(log, app, rel, nil, logw, "cannot read the app's releases")
 		}
 		if newer != nil {
 			se := &supersededError{Version: newer.Version, Commit: newer.Commit, User: newer.User}
 			log.Info("superseded, not deploying", "by", newer.Version)
-			return p.fail(log, app, rel, nil, logw, fmt.Sprintf("v%d not deployed: %v", rel.Version, se))
+			return &supersededFailure{p.fail(log, app, rel, nil, logw, fmt.Sprintf("v%d not deployed: %v", rel.Version, se)), se}
 		}
 	}
 	a, err := p.Store.App(app)
 	if err != nil {
 		log.Error("reading app", "err", err)
+		p.Metrics.Failure(ops.StageInternal)
 		return p.fail(log, app, rel, nil, logw, "cannot read the app's state")
 	}
 	var cur *Release
 	if a.Current > 0 {
 		if cur, err = p.Store.Release(app, a.Current); err != nil {
 			log.Error("reading the current release", "err", err)
+			p.Metrics.Failure(ops.StageInternal)
 			return p.fail(log, app, rel, nil, logw, "cannot read the app's current release")
 		}
 	}
@@ -248,10 +269,19 @@ func (p *Pipeline) deployRelease(ctx context.Context, log *slog.Logger, app stri
 		log.Error("recording release", "err", err)
 	}
 	fmt.Fprintf(out, "-----> Deploying %s\n", rel.Image)
+	dstart := time.Now()
 	url, err := p.deployFrom(ctx, log, app, cur, rel, indent(out))
+	dres := ops.ResultOf(ctx, err)
+	p.Metrics.DeployFinished(dres, time.Since(dstart))
 	if err != nil {
+		if dres == ops.ResultFailed {
+			p.Metrics.Failure(ops.StageDeploy)
+		}
 		log.Error("deploy failed", "err", err)
-		msg := fmt.Sprintf("deploy failed: %v\n !     the previous release keeps serving", err)
+		msg := fmt.Sprintf("deploy failed: %v", err)
+		if cur != nil { // a first deploy has no previous release
+			msg += "\n !     the previous release keeps serving"
+		}
 		if c := context.Cause(ctx); c != nil && ctx.Err() != nil {
 			msg = fmt.Sprintf("deploy stopped: %v", c)
 		}

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -150,8 +151,15 @@ func (p *Pipeline) Info(app string) (*AppInfo, error) {
 	return info, nil
 }
 
+// AppForgetter is implemented by Builders that keep state per app (buildpack.Local's build
+// cache): ForgetApp removes it. Found by type assertion.
+type AppForgetter interface {
+	ForgetApp(app string) error
+}
+
 // Destroy removes app for good: the running release (when the Deployer implements
-// deployer.Destroyer), the repository with every release's source, the grants and the state.
+// deployer.Destroyer), the repository with every release's source, the build cache (when the
+// Builder implements AppForgetter), the grants and the state.
 func (p *Pipeline) Destroy(ctx context.Context, app string) error {
 	if _, err := p.App(app); err != nil {
 		return err
@@ -178,6 +186,13 @@ func (p *Pipeline) Destroy(ctx context.Context, app string) error {
 	if p.Repos != nil {
 		if err := p.Repos.DeleteRepo(app); err != nil {
 			return p.internal(app, "removing the repository", err)
+		}
+	}
+	// The build cache, so that the next app of this name starts cold rather than with
+	// layers (and whatever they hold) of the destroyed one.
+	if f, ok := p.Builder.(AppForgetter); ok {
+		if err := f.ForgetApp(app); err != nil {
+			return p.internal(app, "removing the app's build cache", err)
 		}
 	}
 	if p.Access != nil {
@@ -226,8 +241,11 @@ func (p *Pipeline) ReleaseInfo(app string, n int) (*Release, error) {
 }
 
 // Rollback deploys release n's image with release n's config as a new release (no build);
-// on success the app's config becomes n's, under a new config version.
-func (p *Pipeline) Rollback(ctx context.Context, app, user string, n int, out io.Writer) (*Release, error) {
+// on success the app's config becomes n's, under a new config version. Unless
+// allowConfigChange (the caller is an admin of app), a rollback whose config differs from the
+// app's current config is refused with an error for people naming the admin role, before
+// anything is recorded and again when the release is planned.
+func (p *Pipeline) Rollback(ctx context.Context, app, user string, n int, allowConfigChange bool, out io.Writer) (*Release, error) {
 	target, err := p.ReleaseInfo(app, n)
 	if err != nil {
 		return nil, err
@@ -239,14 +257,49 @@ func (p *Pipeline) Rollback(ctx context.Context, app, user string, n int, out io
 	if err != nil {
 		return nil, err
 	}
+	configChange := func(a *App) error {
+		if allowConfigChange || maps.Equal(cloneEnv(target.Env), cloneEnv(a.Config.Env)) {
+			return nil
+		}
+		return userErrorf("rollback to v%d would change the config of %s (v%d's config vars differ from the current ones), "+
+			"and changing config needs the admin role on %s: ask an admin of %s to run it", n, app, n, app, app)
+	}
+	if err := configChange(a); err != nil {
+		return nil, err
+	}
 	rel := &Release{
 		Kind: KindRollback, Description: fmt.Sprintf("Rollback to v%d", n), Commit: target.Commit, Image: target.Image,
 		ConfigVersion: a.Config.Version, Env: cloneEnv(target.Env), User: user, Status: StatusPending,
 	}
 	return p.release(ctx, a, rel, out, func(a *App, _ *Release) error {
+		if err := configChange(a); err != nil {
+			return err
+		}
 		rel.ConfigVersion = p.nextConfigVersion(a)
 		return nil
 	})
+}
+
+// detach returns a context for a config change or rollback that outlives ctx (the SSH
+// session: a client that disconnects must not leave a half-done deploy recorded as failed),
+// bounded by BuildTimeout (default one hour).
+func (p *Pipeline) detach(ctx context.Context) (context.Context, context.CancelFunc) {
+	timeout := p.BuildTimeout
+	if timeout <= 0 {
+		timeout = time.Hour
+	}
+	return context.WithTimeoutCause(context.WithoutCancel(ctx), timeout, fmt.Errorf("the deploy took longer than %s", timeout))
+}
+
+// HasReleaseRef reports whether release n of app has its source kept at its release ref
+// (refs/kpush/releases/vN) in the app's repository.
+func (p *Pipeline) HasReleaseRef(app string, n int) bool {
+	dir, ok := p.repoDir(app)
+	if !ok {
+		return false
+	}
+	v, err := refValue(dir, ReleaseRef(n))
+	return err == nil && v != gitserver.ZeroID
 }
 
 // nextConfigVersion numbers a new config of a: one more than any config version the app or
@@ -265,6 +318,8 @@ func (p *Pipeline) nextConfigVersion(a *App) int {
 // deploys it under the app's release lock, after plan has completed it from the app's state
 // then (deployRelease). It does not wait for a running build.
 func (p *Pipeline) release(ctx context.Context, a *App, rel *Release, out io.Writer, plan releasePlan) (*Release, error) {
+	ctx, cancel := p.detach(ctx)
+	defer cancel()
 	if _, err := p.Store.NewRelease(a.Name, rel); err != nil {
 		return nil, p.internal(a.Name, "recording the release", err)
 	}
@@ -335,7 +390,9 @@ func (p *Pipeline) ChangeConfig(ctx context.Context, app, user string, set map[s
 	if a.Current == 0 {
 		// No release to deploy yet: store the config for the first deploy, under the release
 		// lock so that a first deploy running now either uses it or is followed by it.
-		unlock, err := p.Store.LockRelease(ctx, app, "config change by "+user, nil)
+		dctx, cancel := p.detach(ctx)
+		defer cancel()
+		unlock, err := p.Store.LockRelease(dctx, app, "config change by "+user, nil)
 		if err != nil {
 			return nil, err
 		}
@@ -517,4 +574,71 @@ func (p *Pipeline) logOpen(app string, b *Build) bool {
 	}
 	r, err := p.Store.Release(app, b.Release)
 	return err == nil && r.Status == StatusPending
+}
+
+// processStart is when this process started, as far as leftovers go: what a build of this
+// process creates is newer.
+var processStart = time.Now()
+
+// leftoverRemover is implemented by Builders that keep per-build scratch directories
+// (buildpack.Local): RemoveLeftovers removes those a killed process left, older than before.
+type leftoverRemover interface {
+	RemoveLeftovers(before time.Time) ([]string, error)
+}
+
+// RemoveLeftovers removes what builds of a killed kpush left behind: build contexts in
+// WorkDir ("kpush-src-<app>-*") and the Builder's scratch directories (when it implements
+// RemoveLeftovers). Only entries older than this process's start are candidates, and a build
+// context is kept while its app has a pending build run by a live process (Store.OwnerAlive).
+// Build contexts are looked for only in an explicit WorkDir: os.TempDir() may be shared with
+// kpush processes of other data dirs, whose builds this Store cannot see. Call it once at
+// start; it is safe beside running builds of other processes sharing the data dir. Problems
+// are logged.
+func (p *Pipeline) RemoveLeftovers() {
+	log := p.logger()
+	if r, ok := p.Builder.(leftoverRemover); ok {
+		removed, err := r.RemoveLeftovers(processStart)
+		for _, path := range removed {
+			log.Info("removed a leftover build directory", "path", path)
+		}
+		if err != nil {
+			log.Warn("removing leftover build directories", "err", err)
+		}
+	}
+	work := p.WorkDir
+	if work == "" {
+		return
+	}
+	live := map[string]bool{} // apps with a pending build of a live process
+	if apps, err := p.Store.Apps(); err == nil {
+		for _, a := range apps {
+			bs, _ := p.Store.Builds(a.Name)
+			for _, b := range bs {
+				if b.Status == StatusPending && p.Store.OwnerAlive(b.Owner) {
+					live[a.Name] = true
+				}
+			}
+		}
+	} else {
+		log.Warn("listing apps for leftover build contexts", "err", err)
+		return
+	}
+	ents, _ := os.ReadDir(work)
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), "kpush-src-")
+		i := strings.LastIndexByte(rest, '-')
+		if !ok || i < 0 || live[rest[:i]] {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || !info.ModTime().Before(processStart) {
+			continue
+		}
+		path := filepath.Join(work, e.Name())
+		if err := os.RemoveAll(path); err != nil {
+			log.Warn("removing a leftover build context", "path", path, "err", err)
+			continue
+		}
+		log.Info("removed a leftover build context", "path", path)
+	}
 }

@@ -107,7 +107,7 @@ func TestReleaseSemantics(t *testing.T) {
 	}
 	deployErr = nil
 	// v5: rollback to v1: v1's image and v1's config.
-	if _, err := p.Rollback(ctx, "demo", "alice", 1, io.Discard); err != nil {
+	if _, err := p.Rollback(ctx, "demo", "alice", 1, true, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 
@@ -181,7 +181,7 @@ func TestReleaseSemantics(t *testing.T) {
 		n    int
 		want string
 	}{{6, "no image to roll back to"}, {99, "has no release v99"}} {
-		if _, err := p.Rollback(ctx, "demo", "alice", tc.n, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := p.Rollback(ctx, "demo", "alice", tc.n, true, io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("rollback v%d: %v, want %q", tc.n, err, tc.want)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"kpush.dev/kpush/deployer"
 	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/gitserver/access"
+	"kpush.dev/kpush/internal/ops"
 	"kpush.dev/kpush/receiver/lease"
 )
 
@@ -80,6 +81,12 @@ type Pipeline struct {
 	// (unless the push asked for cancel-on-disconnect). 0: one hour.
 	BuildTimeout time.Duration
 	Log          *slog.Logger
+	// Metrics records pushes, builds, deploys, failures and the queue length. Nil records
+	// nothing.
+	Metrics *ops.Metrics
+	// Inflight counts the builds, deploys and release operations running, so that shutdown
+	// can let them finish (ops.Tracker.Wait). Nil counts nothing.
+	Inflight *ops.Tracker
 
 	leaseOnce sync.Once
 }
@@ -101,9 +108,12 @@ const OptionCancelOnDisconnect = "cancel-on-disconnect"
 // and a newer push, rebuild or rollback exists, it is not deployed ("superseded by vN").
 func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.Writer) error {
 	log := p.logger().With("push_id", push.ID, "app", push.App, "user", push.User)
+	result := ops.PushRejected
+	defer func() { p.Metrics.PushFinished(result) }()
 	branch, err := deployBranch(push.Dir)
 	if err != nil {
 		log.Error("reading deploy branch", "err", err)
+		p.Metrics.Failure(ops.StageInternal)
 		return failf(out, push, "cannot read the app's repository")
 	}
 
@@ -120,6 +130,7 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 		}
 	}
 	if deploy == nil {
+		result = ops.PushStored
 		return nil
 	}
 	branchName := strings.TrimPrefix(branch, "refs/heads/")
@@ -130,6 +141,7 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 	a, err := p.ensureApp(push.App, push.User, branchName, false)
 	if err != nil {
 		log.Error("recording app", "err", err)
+		p.Metrics.Failure(ops.StageInternal)
 		return failf(out, push, "cannot record the app's state; the server log has details")
 	}
 	rel := &Release{
@@ -138,11 +150,13 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 	}
 	if _, err := p.Store.NewRelease(a.Name, rel); err != nil {
 		log.Error("recording release", "err", err)
+		p.Metrics.Failure(ops.StageInternal)
 		return failf(out, push, "cannot record the release; the server log has details")
 	}
 	log = log.With("release", rel.Version, "commit", deploy.New)
 	if err := p.keepSource(ctx, push.Dir, push.GitEnv, rel); err != nil {
 		log.Error("keeping the release's source", "err", err)
+		p.Metrics.Failure(ops.StageSource)
 		p.fail(log, a.Name, rel, nil, nil, "cannot keep the pushed source")
 		return failf(out, push, "cannot keep the pushed source of v%d; the server log has details", rel.Version)
 	}
@@ -162,6 +176,9 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 			reason = "cancelled: the pusher disconnected while v" + fmt.Sprint(rel.Version) + " was queued"
 		}
 		log.Info("not building", "reason", reason)
+		if _, ok := errors.AsType[*supersededError](err); ok {
+			result = ops.PushSuperseded
+		}
 		p.fail(log, a.Name, rel, nil, nil, reason)
 		return failf(out, push, "v%d %s", rel.Version, reason)
 	}
@@ -186,11 +203,13 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 	// Another push may have moved the branch while this one waited; building now would
 	// deploy a commit whose ref update git is about to refuse.
 	if err := p.checkBase(push.Dir, branch, deploy.Old); err != nil {
+		result = ops.PushSuperseded
 		p.fail(log, a.Name, rel, nil, nil, "the branch moved while v"+fmt.Sprint(rel.Version)+" was queued")
 		return failf(out, push, "%v", err)
 	}
 	if newer, err := p.newerImageRelease(a.Name, rel.Version); err == nil && newer != nil {
 		se := &supersededError{Version: newer.Version, Commit: newer.Commit, User: newer.User}
+		result = ops.PushSuperseded
 		p.fail(log, a.Name, rel, nil, nil, se.Error())
 		return failf(out, push, "v%d %v", rel.Version, se)
 	}
@@ -199,10 +218,14 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 		push.App, branchName, short(deploy.New), push.User, rel.Version)
 	cancelOnDisconnect := slices.Contains(push.Options, OptionCancelOnDisconnect)
 	if err := p.buildAndDeploy(ctx, log, a, rel, l, cancelOnDisconnect, push.Dir, push.GitEnv, out); err != nil {
+		if _, ok := errors.AsType[*supersededError](err); ok {
+			result = ops.PushSuperseded
+		}
 		return failf(out, push, "%s\n !     release v%d failed; its source stays fetchable: git fetch <remote> %s",
 			err.Error(), rel.Version, rel.Ref())
 	}
 	deployed = true
+	result = ops.PushAccepted
 	return nil
 }
 
@@ -284,6 +307,8 @@ func (p *Pipeline) ensureApp(app, user, branch string, grant bool) (*App, error)
 // stops it. Everything written to out from here on also goes to the build log. The returned
 // error is phrased for people; the release and build records say how it ended.
 func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App, rel *Release, l *lease.Lease, cancelOnDisconnect bool, gitDir string, gitEnv []string, out io.Writer) error {
+	end := p.Inflight.Begin()
+	defer end()
 	start := time.Now()
 	bctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
@@ -300,6 +325,7 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 	b := &Build{Commit: rel.Commit, Release: rel.Version, User: rel.User, Status: StatusPending}
 	if _, err := p.Store.NewBuild(a.Name, b); err != nil {
 		log.Error("recording build", "err", err)
+		p.Metrics.Failure(ops.StageInternal)
 		return p.fail(log, a.Name, rel, nil, nil, "cannot record the build")
 	}
 	rel.Build = b.Number
@@ -320,23 +346,33 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 	src, err := os.MkdirTemp(p.WorkDir, "kpush-src-"+a.Name+"-")
 	if err != nil {
 		log.Error("creating build context dir", "err", err)
+		p.Metrics.Failure(ops.StageInternal)
 		return p.fail(log, a.Name, rel, b, logw, "cannot prepare the build")
 	}
 	defer os.RemoveAll(src)
 	if err := archive(bctx, gitDir, gitEnv, rel.Commit, src); err != nil {
 		log.Error("extracting source tree", "err", err)
+		p.Metrics.Failure(ops.StageSource)
 		return p.fail(log, a.Name, rel, b, logw, fmt.Sprintf("cannot read commit %s", short(rel.Commit)))
 	}
+	bstart := time.Now()
+	p.Metrics.BuildStarted()
 	res, err := p.Builder.Build(bctx, buildpack.Request{
 		App:       a.Name,
 		SourceDir: src,
 		Image:     p.Registry + "/" + a.Name,
 		Env:       cloneEnv(a.BuildEnv),
 	}, indent(out))
+	p.Metrics.BuildEnded()
 	if err == nil && bctx.Err() != nil {
 		err = context.Cause(bctx)
 	}
+	bres := ops.ResultOf(bctx, err)
+	p.Metrics.BuildFinished(bres, time.Since(bstart))
 	if err != nil {
+		if bres == ops.ResultFailed {
+			p.Metrics.Failure(ops.StageBuild)
+		}
 		log.Error("build failed", "err", err, "duration", time.Since(start))
 		return p.fail(log, a.Name, rel, b, logw, buildMessage(bctx, err))
 	}

@@ -131,12 +131,14 @@ func TestPreReceive(t *testing.T) {
 		{"build fails", []gitserver.RefUpdate{{Old: gitserver.ZeroID, New: commit, Name: "refs/heads/main"}}, errors.New("build failed: see the buildpack output above"), nil, true, 1,
 			[]string{" !     build failed: see the buildpack output above", "nothing was deployed and the branch did not move"}},
 		{"deploy fails", []gitserver.RefUpdate{{Old: gitserver.ZeroID, New: commit, Name: "refs/heads/main"}}, nil, errors.New("not ready"), true, 1,
-			[]string{"deploy failed: not ready", "the previous release keeps serving"}},
+			[]string{"deploy failed: not ready"}},
 		{"delete deploy branch", []gitserver.RefUpdate{{Old: commit, New: gitserver.ZeroID, Name: "refs/heads/main"}}, nil, nil, true, 0,
 			[]string{"refusing to delete the deploy branch main of app demo"}},
 		{"stale base", []gitserver.RefUpdate{{Old: commit, New: commit, Name: "refs/heads/main"}}, nil, nil, true, 0,
 			[]string{"main moved to 0000000 while this push waited (it was made on " + commit[:7] + ")", "git pull --rebase && git push"}},
 	}
+	// What a first deploy must not claim: there is no previous release.
+	wantNot := map[string]string{"deploy fails": "the previous release keeps serving"}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			builds := 0
@@ -177,6 +179,9 @@ func TestPreReceive(t *testing.T) {
 				if !strings.Contains(out.String(), w) {
 					t.Errorf("output lacks %q:\n%s", w, out.String())
 				}
+			}
+			if w := wantNot[tt.name]; w != "" && strings.Contains(out.String(), w) {
+				t.Errorf("output of a first deploy says %q:\n%s", w, out.String())
 			}
 		})
 	}

@@ -40,6 +40,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "building kpush:", err)
 		os.Exit(1)
 	}
+	// Every kpush the tests start serves its ops endpoints on a free loopback port unless a
+	// test says otherwise: serve's default ":8081" would collide between processes.
+	if _, ok := os.LookupEnv("KPUSH_OPS_ADDR"); !ok {
+		os.Setenv("KPUSH_OPS_ADDR", "127.0.0.1:0")
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,9 +10,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	gossh "golang.org/x/crypto/ssh"
 
 	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/gitserver/access"
@@ -28,23 +31,25 @@ type gitConfig struct {
 	// LeaseTTL is how long an app's build lease outlives its holder's last renewal: how long
 	// a crashed server blocks the app's pushes at most.
 	LeaseTTL time.Duration
+	// PublicAddr is the host:port people reach the SSH server at, for messages ("" = the
+	// listener's address).
+	PublicAddr string
+	// Grace is how long shutdown lets running pushes and builds finish.
+	Grace time.Duration
 }
 
-func (c *gitConfig) flags(fs *pflag.FlagSet, defData, defSSH string) {
+// flags registers the shared flags; defGrace is the default of --shutdown-grace.
+func (c *gitConfig) flags(fs *pflag.FlagSet, defData, defSSH string, defGrace time.Duration) {
 	fs.StringVar(&c.DataDir, "data", envOr("DATA", defData), "data dir: repositories, host key, build caches, state (env KPUSH_DATA)")
 	fs.StringVar(&c.SSHAddr, "ssh-addr", envOr("SSH_ADDR", defSSH), "address the SSH git server listens on (env KPUSH_SSH_ADDR)")
+	fs.StringVar(&c.PublicAddr, "public-addr", envOr("PUBLIC_ADDR", ""), "HOST:PORT people reach the SSH server at (e.g. a load balancer), used in messages such as \"key not registered\" (default: the listener's address; env KPUSH_PUBLIC_ADDR)")
+	fs.DurationVar(&c.Grace, "shutdown-grace", envDuration("SHUTDOWN_GRACE", defGrace), "on SIGTERM, how long running pushes and builds may finish before kpush exits anyway (env KPUSH_SHUTDOWN_GRACE)")
 	var keys []string
 	if v := os.Getenv("KPUSH_AUTHORIZED_KEYS"); v != "" {
 		keys = filepath.SplitList(v)
 	}
 	fs.StringArrayVar(&c.AuthorizedKeys, "authorized-keys", keys, "OpenSSH public keys file allowed to push; repeatable (env KPUSH_AUTHORIZED_KEYS, ':'-separated)")
-	ttl := lease.DefaultTTL
-	if v := os.Getenv("KPUSH_LEASE_TTL"); v != "" {
-		if d, err := time.ParseDuration(v); err == nil {
-			ttl = d
-		}
-	}
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", ttl, "how long an app's build lease outlives a server that stopped renewing it (crashed): the longest a dead server blocks pushes (env KPUSH_LEASE_TTL)")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", envDuration("LEASE_TTL", lease.DefaultTTL), "how long an app's build lease outlives a server that stopped renewing it (crashed): the longest a dead server blocks pushes (env KPUSH_LEASE_TTL)")
 }
 
 // validate joins every problem, each saying how to fix it.
@@ -59,6 +64,14 @@ func (c *gitConfig) validate() error {
 	if c.LeaseTTL < time.Second {
 		errs = append(errs, fmt.Errorf("--lease-ttl %s: want at least 1s, e.g. 30s", c.LeaseTTL))
 	}
+	if c.Grace < 0 {
+		errs = append(errs, fmt.Errorf("--shutdown-grace %s: want 0 or more, e.g. 2m", c.Grace))
+	}
+	if c.PublicAddr != "" {
+		if _, _, err := net.SplitHostPort(c.PublicAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--public-addr %q: want HOST:PORT, e.g. git.example.com:22", c.PublicAddr))
+		}
+	}
 	if len(c.AuthorizedKeys) == 0 {
 		errs = append(errs, errors.New("no authorized keys: pass --authorized-keys FILE (an OpenSSH .pub or authorized_keys file)"))
 	}
@@ -71,10 +84,13 @@ func (c *gitConfig) validate() error {
 }
 
 // serveGit runs the SSH git server with the pipeline until ctx ends, then shuts it down,
-// letting running pushes finish for up to grace. It opens the app state (<data>/state/apps)
-// and the access store (<data>/state/access.json), registers the authorized keys as server
-// admins, and serves the SSH commands (receiver/commands) beside git.
-func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.Logger, grace time.Duration) error {
+// letting running pushes and builds (p.Inflight) finish for up to c.Grace. It opens the app
+// state (<data>/state/apps) and the access store (<data>/state/access.json), registers the
+// authorized keys as server admins — refusing to start when no server admin is left with a
+// usable key — and serves the SSH commands (receiver/commands) beside git. Once listening,
+// it logs the SSH host key's fingerprint and calls listening, if not nil, with it
+// ("SHA256:…", as ssh-keygen -lf prints it).
+func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.Logger, listening func(hostKey string)) error {
 	store, err := receiver.OpenStore(c.DataDir)
 	if err != nil {
 		return fmt.Errorf("opening app state: %w", err)
@@ -86,15 +102,27 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 	if err := acc.Bootstrap(c.AuthorizedKeys...); err != nil {
 		return fmt.Errorf("registering the admins of --authorized-keys: %w", err)
 	}
+	if err := checkAdmins(acc, c.AuthorizedKeys); err != nil {
+		return err
+	}
 	defer store.Close()
 	p.Store, p.Access = store, acc
+	p.RemoveLeftovers() // build dirs a killed kpush left in <data>/builds and <data>/tmp
 	cmds := &commands.Handler{Apps: p, Access: acc, SSH: sshHint(c.SSHAddr)}
-	srv, err := gitserver.New(p,
+	opts := []gitserver.Option{
 		gitserver.WithDataDir(c.DataDir),
 		gitserver.WithAccess(acc),
 		gitserver.WithCommandHandler(cmds),
 		gitserver.WithLogger(log),
-	)
+	}
+	if c.PublicAddr != "" {
+		opts = append(opts, gitserver.WithPublicAddr(c.PublicAddr))
+	}
+	srv, err := gitserver.New(p, opts...)
+	if err != nil {
+		return err
+	}
+	hostKey, err := hostKeyFingerprint(filepath.Join(c.DataDir, gitserver.HostKeyFile))
 	if err != nil {
 		return err
 	}
@@ -103,21 +131,83 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 	if err != nil {
 		return fmt.Errorf("listening for SSH: %w", err)
 	}
-	log.Info("git over SSH", "addr", l.Addr().String())
+	log.Info("git over SSH", "addr", l.Addr().String(), "host_key", hostKey)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(l) }()
+	if listening != nil {
+		listening(hostKey)
+	}
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down", "grace", grace)
-	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	log.Info("shutting down: running pushes and builds may finish", "grace", c.Grace, "running", p.Inflight.Running())
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.Grace)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("SSH connections still open at the shutdown deadline; closing them", "err", err)
 		srv.Close()
 	}
+	// Builds outlive their pushers (receiver.Pipeline.BuildTimeout): wait for them too.
+	if err := p.Inflight.Wait(sctx); err != nil {
+		log.Warn("builds still running at the shutdown deadline are abandoned; their releases stay pending until the next start marks them failed", "err", err)
+	}
+	log.Info("stopped")
 	return nil
+}
+
+// hostKeyFingerprint returns the SHA256 fingerprint ("SHA256:…", as ssh-keygen -lf prints
+// it) of the SSH host private key at path.
+func hostKeyFingerprint(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("reading the SSH host key: %w", err)
+	}
+	signer, err := gossh.ParsePrivateKey(data)
+	if err != nil {
+		return "", fmt.Errorf("parsing the SSH host key %s: %w", path, err)
+	}
+	return gossh.FingerprintSHA256(signer.PublicKey()), nil
+}
+
+// checkAdmins returns an error for people when no server admin has a key after bootstrap:
+// nobody could push or manage users. It names every key of files that the key policy
+// (access.CheckKey) refused, and why.
+func checkAdmins(acc *access.Store, files []string) error {
+	for _, u := range acc.Users() {
+		if keys, err := acc.Keys(u.Name); u.Admin && err == nil && len(keys) > 0 {
+			return nil
+		}
+	}
+	var refused []string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			refused = append(refused, fmt.Sprintf("%s: %v", f, err))
+			continue
+		}
+		for rest := data; len(bytes.TrimSpace(rest)) > 0; {
+			pub, comment, _, next, err := gossh.ParseAuthorizedKey(rest)
+			if err != nil {
+				break // no key left
+			}
+			rest = next
+			if err := access.CheckKey(pub); err != nil {
+				what := gossh.FingerprintSHA256(pub)
+				if comment != "" {
+					what += " (" + comment + ")"
+				}
+				refused = append(refused, fmt.Sprintf("%s: %s: %v", f, what, err))
+			}
+		}
+	}
+	why := "--authorized-keys holds no public key"
+	if len(refused) > 0 {
+		why = "every key of --authorized-keys was refused:\n  " + strings.Join(refused, "\n  ")
+	}
+	return fmt.Errorf("no server admin has a usable SSH key, so nobody could push or manage kpush: %s\n"+
+		"fix: make a key with `ssh-keygen -t ed25519` and pass its .pub with --authorized-keys", why)
 }
 
 // sshHint is how people reach the server at addr, for messages: "ssh -p 2222 git@127.0.0.1".

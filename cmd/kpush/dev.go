@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io/fs"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -15,6 +14,7 @@ import (
 
 	"kpush.dev/kpush/buildpack"
 	"kpush.dev/kpush/deployer/local"
+	"kpush.dev/kpush/internal/ops"
 	"kpush.dev/kpush/receiver"
 	"kpush.dev/kpush/receiver/lease"
 )
@@ -27,6 +27,8 @@ func devCommand() *cobra.Command {
 		httpAddr     string
 		registryPort int
 		buildpacks   []string
+		logc         logConfig
+		opsAddr      *string
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -37,7 +39,10 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
-			log := newLogger(false, slog.LevelInfo)
+			log, err := logc.logger(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
 			if len(c.AuthorizedKeys) == 0 {
 				c.AuthorizedKeys = userPublicKeys()
 			}
@@ -58,6 +63,16 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 			}
 			defer reg.Close()
 			log.Info("registry", "addr", reg.Addr())
+			m, inflight := ops.NewMetrics(), &ops.Tracker{}
+			rc, err := registryCheck(reg.Addr() + "/kpush")
+			if err != nil {
+				return err
+			}
+			shutdownOps, err := startOps(ctx, *opsAddr, log, m, ops.DialCheck("ssh", c.SSHAddr), rc)
+			if err != nil {
+				return err
+			}
+			defer stopOps(shutdownOps, log)
 
 			rt, err := local.New(local.Config{DataDir: c.DataDir, RouterPort: routerPort, Log: log})
 			if err != nil {
@@ -93,15 +108,22 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 				Registry: reg.Addr() + "/kpush",
 				WorkDir:  filepath.Join(c.DataDir, "tmp"),
 				Log:      log,
+				Metrics:  m,
+				Inflight: inflight,
 			}
 			if err := os.MkdirAll(p.WorkDir, 0o700); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "kpush dev: git push to ssh://git@%s/APP, apps at http://APP.localhost:%d/\n", c.SSHAddr, routerPort)
-			return serveGit(ctx, c, p, log, 30*time.Second)
+			return serveGit(ctx, c, p, log, func(hostKey string) {
+				w := cmd.ErrOrStderr()
+				fmt.Fprintf(w, "kpush dev: git push to ssh://git@%s/APP, apps at http://APP.localhost:%d/\n", c.SSHAddr, routerPort)
+				fmt.Fprintf(w, "kpush dev: SSH host key %s (ssh shows it on the first connection)\n", hostKey)
+			})
 		},
 	}
-	c.flags(cmd.Flags(), defaultDataDir(), "127.0.0.1:2222")
+	c.flags(cmd.Flags(), defaultDataDir(), "127.0.0.1:2222", 30*time.Second)
+	logc.flags(cmd.Flags(), "text")
+	opsAddr = opsFlags(cmd.Flags(), "127.0.0.1:0")
 	cmd.Flags().StringVar(&httpAddr, "http-addr", envOr("HTTP_ADDR", "127.0.0.1:8080"), "address of the router that serves apps as http://APP.localhost:PORT/ (env KPUSH_HTTP_ADDR)")
 	cmd.Flags().StringArrayVar(&buildpacks, "buildpack", nil, "directory of an extra buildpack (buildpack.toml, bin/detect, bin/build), run as optional in front of every group of the default order; repeatable")
 	cmd.Flags().IntVar(&registryPort, "registry-port", 0, "port of the local registry on 127.0.0.1 (default: a free one, kept in the data dir)")

@@ -8,10 +8,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 )
@@ -42,10 +42,12 @@ func envOr(name, def string) string {
 	return def
 }
 
-func newLogger(json bool, level slog.Level) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: level}
-	if json {
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+// envDuration is envOr for durations: $KPUSH_<name> when set and valid, else def.
+func envDuration(name string, def time.Duration) time.Duration {
+	if v, ok := os.LookupEnv("KPUSH_" + name); ok {
+		if d, err := time.ParseDuration(v); err == nil {
+			return d
+		}
 	}
-	return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	return def
 }

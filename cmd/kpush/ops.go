@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/spf13/pflag"
@@ -65,6 +66,16 @@ func startOps(ctx context.Context, addr string, log *slog.Logger, m *ops.Metrics
 	}
 	log.Info("operations endpoints", "addr", a.String(), "paths", "/healthz /readyz /metrics")
 	return s.Shutdown, nil
+}
+
+// stopOps calls shutdown (from startOps) with a few seconds to answer the requests in flight,
+// logging a failure: the deferred last step of serve and dev.
+func stopOps(shutdown func(context.Context) error, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := shutdown(ctx); err != nil {
+		log.Warn("stopping the operations endpoints", "err", err)
+	}
 }
 
 // registryCheck passes while the registry of the repository prefix (e.g.

@@ -222,6 +222,9 @@ func (rt *Runtime) launch(ctx context.Context, app string, st *appState, cur *Cu
 	if err := p.waitReady(ctx, rt.cfg.StartTimeout); err != nil {
 		p.stop(rt.cfg.StopGrace)
 		rt.log.Warn("new release failed to start", "app", app, "pid", p.pid, "image", cur.Image, "err", err)
+		if ctx.Err() != nil { // stopped by the caller, not the app's fault
+			return fmt.Errorf("starting app %s: stopped before it was ready: %w", app, context.Cause(ctx))
+		}
 		return fmt.Errorf("app %s failed to start: %w\nlast output:\n%s(full log: %s; fix the start command and push again)",
 			app, err, p.tail.String(), filepath.Join(dir, "app.log"))
 	}

@@ -45,7 +45,7 @@ var _ gitserver.CommandHandler = (*Handler)(nil)
 // a message on c.Stderr otherwise; a usage error (unknown command, wrong arguments or flags)
 // adds a hint to run help.
 func (h *Handler) RunCommand(ctx context.Context, c *gitserver.Command) int {
-	inv := &invocation{h: h, user: c.User}
+	inv := &invocation{h: h, user: c.User, addr: c.Addr}
 	root := inv.root()
 	root.SetArgs(c.Args)
 	root.SetIn(c.Stdin)
@@ -73,7 +73,10 @@ func (h *Handler) ssh() string {
 type invocation struct {
 	h    *Handler
 	user string
-	ran  bool // arguments and flags were accepted; errors from here on are not usage errors
+	addr string // host:port the client connected to ("" when unknown)
+	ran  bool   // arguments and flags were accepted; errors from here on are not usage errors
+
+	secrets map[string][]string // per app, for readers: values to hide (secretsOf)
 }
 
 func (inv *invocation) root() *cobra.Command {
@@ -94,6 +97,7 @@ func (inv *invocation) root() *cobra.Command {
 		"{{.CommandPath}} [command]", `{{sshPrefix .}} [command]`,
 	).Replace(root.UsageTemplate()))
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
+	root.SetHelpCommand(inv.help())
 	root.AddCommand(
 		inv.apps(), inv.appsCreate(), inv.appsInfo(), inv.appsDestroy(),
 		inv.releases(), inv.releasesInfo(), inv.rollback(), inv.rebuild(),
@@ -221,12 +225,15 @@ func (inv *invocation) view(a *receiver.App) *appView {
 	return v
 }
 
+// releaseView is r as the caller may see it: readers see neither config values nor any of
+// them quoted in the failure reason (an app that printed its env as it crashed).
 func (inv *invocation) releaseView(app string, r *receiver.Release) *receiver.Release {
 	if r == nil || inv.isAdmin(app) {
 		return r
 	}
 	c := *r
 	c.Env = redactEnv(c.Env)
+	c.Reason = redact(c.Reason, inv.secretsOf(app))
 	return &c
 }
 
@@ -285,7 +292,7 @@ func (inv *invocation) appsCreate() *cobra.Command {
 			if _, err := inv.h.Apps.Create(cmd.Context(), a[0], inv.user); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Created %s; you are its admin. Deploy with:\n  git remote add knative ssh://git@HOST/%s\n  git push knative main\n", a[0], a[0])
+			fmt.Fprintf(cmd.OutOrStdout(), "Created %s; you are its admin. Deploy with:\n  git remote add knative %s\n  git push knative main\n", a[0], remoteURL(inv.addr, a[0]))
 			return nil
 		},
 	}
@@ -343,6 +350,10 @@ func (inv *invocation) appsDestroy() *cobra.Command {
 	cmd.RunE = func(cmd *cobra.Command, a []string) error {
 		if err := inv.need(a[0], access.RoleAdmin); err != nil {
 			return err
+		}
+		if *confirm != "" && *confirm != a[0] {
+			return fmt.Errorf("apps:destroy: --confirm %s does not match the app name %s; nothing was deleted. To delete %s, run:\n  %s apps:destroy %s --confirm %s",
+				*confirm, a[0], a[0], inv.h.ssh(), a[0], a[0])
 		}
 		if *confirm != a[0] {
 			return fmt.Errorf("apps:destroy deletes %s with its repository and every release; to confirm, run:\n  %s apps:destroy %s --confirm %s", a[0], inv.h.ssh(), a[0], a[0])
@@ -440,7 +451,11 @@ func (inv *invocation) releasesInfo() *cobra.Command {
 		if r.Reason != "" {
 			fmt.Fprintf(w, "Reason:\t%s\n", strings.ReplaceAll(r.Reason, "\n", " "))
 		}
-		fmt.Fprintf(w, "Commit:\t%s (git fetch <remote> %s)\n", orDash(r.Commit), r.Ref())
+		if r.Commit != "" && inv.h.Apps.HasReleaseRef(a[0], r.Version) {
+			fmt.Fprintf(w, "Commit:\t%s (git fetch <remote> %s)\n", r.Commit, r.Ref())
+		} else {
+			fmt.Fprintf(w, "Commit:\t%s\n", orDash(r.Commit))
+		}
 		fmt.Fprintf(w, "Image:\t%s\n", orDash(r.Image))
 		if r.Build > 0 {
 			fmt.Fprintf(w, "Build:\t#%d\n", r.Build)
@@ -459,7 +474,7 @@ func (inv *invocation) releasesInfo() *cobra.Command {
 func (inv *invocation) rollback() *cobra.Command {
 	return &cobra.Command{
 		Use:   "rollback APP vN",
-		Short: "Deploy release vN's image and config again, as a new release (no build)",
+		Short: "Deploy release vN's image and config again, as a new release (no build); the deploy role suffices when vN's config equals the current one, else it needs admin",
 		Args:  args([]string{"APP", "vN"}, 0),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if err := inv.need(a[0], access.RoleDeploy); err != nil {
@@ -469,7 +484,7 @@ func (inv *invocation) rollback() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			_, err = inv.h.Apps.Rollback(cmd.Context(), a[0], inv.user, n, cmd.OutOrStdout())
+			_, err = inv.h.Apps.Rollback(cmd.Context(), a[0], inv.user, n, inv.isAdmin(a[0]), cmd.OutOrStdout())
 			return err
 		},
 	}
@@ -530,6 +545,10 @@ func (inv *invocation) envList(name, short string, get func(*receiver.App) (int,
 				return printJSON(cmd.OutOrStdout(), receiver.Config{Version: version, Env: env})
 			}
 			return printJSON(cmd.OutOrStdout(), env)
+		}
+		if len(env) == 0 {
+			fmt.Fprintf(cmd.OutOrStdout(), "%s has no %s vars\n", a[0], name)
+			return nil
 		}
 		for _, k := range slices.Sorted(maps.Keys(env)) {
 			fmt.Fprintf(cmd.OutOrStdout(), "%s=%s\n", k, env[k])
@@ -684,7 +703,13 @@ func (inv *invocation) buildsOutput() *cobra.Command {
 				return errors.New("builds:output: N is a build number, e.g. 3 (list them with: builds " + a[0] + ")")
 			}
 		}
-		return inv.h.Apps.BuildOutput(cmd.Context(), a[0], n, *follow, cmd.OutOrStdout())
+		if inv.isAdmin(a[0]) {
+			return inv.h.Apps.BuildOutput(cmd.Context(), a[0], n, *follow, cmd.OutOrStdout())
+		}
+		w := &redactWriter{w: cmd.OutOrStdout(), secrets: inv.secretsOf(a[0])}
+		err := inv.h.Apps.BuildOutput(cmd.Context(), a[0], n, *follow, w)
+		w.Flush()
+		return err
 	}
 	return cmd
 }
