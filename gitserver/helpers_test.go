@@ -15,7 +15,7 @@ import (
 )
 
 // needTool fails the test (never skips) when a program the tests run is missing.
-func needTool(t *testing.T, name, pkg string) {
+func needTool(t testing.TB, name, pkg string) {
 	t.Helper()
 	if _, err := exec.LookPath(name); err != nil {
 		t.Fatalf("%s not found in $PATH: install it (apt-get install %s)", name, pkg)
@@ -24,7 +24,7 @@ func needTool(t *testing.T, name, pkg string) {
 
 // sshKey makes an ed25519 key pair with ssh-keygen and returns the private key's path and the
 // public key's authorized_keys line.
-func sshKey(t *testing.T, comment string) (priv, pub string) {
+func sshKey(t testing.TB, comment string) (priv, pub string) {
 	t.Helper()
 	needTool(t, "ssh-keygen", "openssh-client")
 	priv = filepath.Join(t.TempDir(), "id_ed25519")
@@ -47,7 +47,7 @@ type testServer struct {
 	aliceKey string // private key path
 }
 
-func startServer(t *testing.T, h Handler, opts ...Option) *testServer {
+func startServer(t testing.TB, h Handler, opts ...Option) *testServer {
 	t.Helper()
 	needTool(t, "git", "git")
 	needTool(t, "ssh", "openssh-client")
@@ -59,9 +59,13 @@ func startServer(t *testing.T, h Handler, opts ...Option) *testServer {
 	return serveDir(t, t.TempDir(), h, priv, append([]Option{WithAuthorizedKeys(keys)}, opts...)...)
 }
 
-func serveDir(t *testing.T, dataDir string, h Handler, key string, opts ...Option) *testServer {
+func serveDir(t testing.TB, dataDir string, h Handler, key string, opts ...Option) *testServer {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	level := slog.LevelDebug
+	if _, ok := t.(*testing.B); ok {
+		level = slog.LevelWarn // log output must not weigh on the timings
+	}
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: level}))
 	srv, err := New(h, append([]Option{WithDataDir(dataDir), WithLogger(log)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -96,11 +100,11 @@ func (ts *testServer) sshArgs(key string) []string {
 
 // git is a git client logging in as the owner of key.
 type gitClient struct {
-	t   *testing.T
+	t   testing.TB
 	env []string
 }
 
-func (ts *testServer) git(t *testing.T, key string) *gitClient {
+func (ts *testServer) git(t testing.TB, key string) *gitClient {
 	return &gitClient{t: t, env: append(os.Environ(),
 		"GIT_SSH_COMMAND=ssh "+strings.Join(ts.sshArgs(key), " "),
 		"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_TERMINAL_PROMPT=0",
