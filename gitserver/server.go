@@ -347,7 +347,7 @@ func (s *Server) Serve(l net.Listener) error {
 		return err
 	}
 	s.log.Info("serving git over ssh", "addr", l.Addr().String(), "data_dir", s.dataDir)
-	err := s.ssh.Serve(l)
+	err := s.ssh.Serve(quickAck(l))
 	if errors.Is(err, ssh.ErrServerClosed) {
 		return ErrServerClosed
 	}
