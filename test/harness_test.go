@@ -307,13 +307,19 @@ type sshResult struct {
 // args...`, with stdin as its input, and returns what it printed and its exit status.
 func sshCmd(t *testing.T, s *server, key, stdin string, args ...string) sshResult {
 	t.Helper()
+	return sshRun(t, s, key, stdin, nil, args...)
+}
+
+// sshRun is sshCmd with extra ssh options (e.g. -tt) before the destination.
+func sshRun(t *testing.T, s *server, key, stdin string, flags []string, args ...string) sshResult {
+	t.Helper()
 	host, port, err := net.SplitHostPort(s.sshAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	argv := append([]string{"-p", port, "-i", key, "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no",
-		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes", "git@" + host}, args...)
-	cmd := exec.Command("ssh", argv...)
+		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"}, flags...)
+	cmd := exec.Command("ssh", append(append(argv, "git@"+host), args...)...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

@@ -22,13 +22,13 @@ func (f deployerFunc) Deploy(ctx context.Context, r deployer.Release, out io.Wri
 	return f(ctx, r, out)
 }
 
-// TestTryoutFixes covers what a first-use tryout found: readers never see config values in
+// TestFirstUse covers what a first use showed: readers never see config values in
 // failure reasons or build logs, a deploy-role rollback that would change the config needs
 // admin, help for an unknown command fails, apps:destroy with another name says so, config of
 // an app without vars says so, and apps:create prints the remote at the address the client
 // used. The access and app stores are real; releases and build logs are written into the
 // store as a crashed app would have left them.
-func TestTryoutFixes(t *testing.T) {
+func TestFirstUse(t *testing.T) {
 	dir := t.TempDir()
 	acc, err := access.Open(dir)
 	if err != nil {

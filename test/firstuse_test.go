@@ -1,51 +1,26 @@
 package test
 
 import (
-	"bytes"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// sshFlags runs the system OpenSSH client like sshCmd, with extra client flags (-tt, -T)
-// before the host.
-func sshFlags(t *testing.T, s *server, key string, flags []string, args ...string) sshResult {
-	t.Helper()
-	host, port, err := net.SplitHostPort(s.sshAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	argv := append([]string{"-p", port, "-i", key, "-o", "IdentitiesOnly=yes", "-o", "StrictHostKeyChecking=no",
-		"-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"}, flags...)
-	cmd := exec.Command("ssh", append(append(argv, "git@"+host), args...)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err = cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("ssh %s: %v", strings.Join(args, " "), err)
-	}
-	return sshResult{stdout.String(), stderr.String(), code}
-}
-
-// TestDevTryout covers what a first-use tryout of `kpush dev` found: `ssh -t` works, a bare
+// TestDevFirstUse covers what a first use of `kpush dev` showed: `ssh -t` works, a bare
 // ssh is pointed at help, help for an unknown command fails, apps:create prints the real
 // remote, an app's crash output quoting a config value is hidden from readers, a first deploy
 // does not claim a previous release keeps serving, apps:destroy takes the build cache along,
 // and a killed server's build directories are gone after its restart.
-func TestDevTryout(t *testing.T) {
+func TestDevFirstUse(t *testing.T) {
 	g := newGate(t)
 	s, _, env := devServer(t, "--buildpack", filepath.Join("testdata", "buildpacks", "gate"))
 	data := dataDirOf(s)
 	_, port, _ := net.SplitHostPort(s.sshAddr)
 
 	t.Run("ssh -tt help", func(t *testing.T) {
-		r := sshFlags(t, s, s.key, []string{"-tt"}, "help")
+		r := sshRun(t, s, s.key, "", []string{"-tt"}, "help")
 		if r.code != 0 || !strings.Contains(r.stdout, "apps:create") || !strings.Contains(r.stdout, "\r\n") ||
 			strings.Contains(r.stderr, "PTY allocation request failed") {
 			t.Errorf("ssh -tt help: %+v; want exit 0 with the command list in CRLF lines", r)
@@ -66,7 +41,7 @@ func TestDevTryout(t *testing.T) {
 		{"destroy with another name", nil, []string{"apps:destroy", "crash", "--confirm", "crush"}, 1, "", "does not match the app name crash"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := sshFlags(t, s, s.key, tc.flags, tc.args...)
+			r := sshRun(t, s, s.key, "", tc.flags, tc.args...)
 			if r.code != tc.code || !strings.Contains(r.stdout, tc.stdout) || !strings.Contains(r.stderr, tc.stderr) {
 				t.Errorf("%v: %+v; want exit %d, stdout with %q, stderr with %q", tc.args, r, tc.code, tc.stdout, tc.stderr)
 			}
