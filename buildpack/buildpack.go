@@ -8,6 +8,10 @@ type Request struct {
 	SourceDir string            // host directory holding the app's source tree; the runner may take ownership of it
 	Image     string            // repository to publish to, e.g. "127.0.0.1:5000/kpush/demo"; the runner picks a unique tag
 	Env       map[string]string // build-time environment, handed to buildpacks as <platform>/env/NAME files
+	// Group, if not empty, is the build's only buildpack group: it replaces the builder's
+	// order (a project descriptor's [[io.buildpacks.group]], https://buildpacks.io/docs/reference/config/project-descriptor/).
+	// Its entries must name buildpacks the builder holds; none is optional.
+	Group Group
 }
 
 // Result is a finished build.

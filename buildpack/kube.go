@@ -80,6 +80,11 @@ func (k *Kube) Build(ctx context.Context, req Request, out io.Writer) (Result, e
 	if err := validateRequest(req); err != nil {
 		return Result{}, err
 	}
+	if len(req.Group) > 0 {
+		// The Pod runs the builder image's own /cnb/order.toml; a per-build order is not wired.
+		return Result{}, errors.New("a buildpack group ([[io.buildpacks.group]] in project.toml) is not supported with the kube builder yet; " +
+			"remove it to build with the builder's order")
+	}
 	if k.Client == nil || k.Sources == nil || k.SourceURL == "" || k.Namespace == "" {
 		return Result{}, errors.New("buildpack.Kube: Client, Namespace, Sources and SourceURL are required")
 	}

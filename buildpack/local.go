@@ -162,7 +162,14 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 		env[k] = v
 	}
 	cacheDir := filepath.Join(l.DataDir, "cache", req.App)
-	if err := l.prepare(build, cacheDir, req.SourceDir, runImage, env); err != nil {
+	order := l.Order
+	if order == nil {
+		order = DefaultOrder()
+	}
+	if len(req.Group) > 0 {
+		order = []Group{req.Group}
+	}
+	if err := l.prepare(build, cacheDir, req.SourceDir, runImage, order, env); err != nil {
 		return Result{}, fmt.Errorf("preparing build directory: %w", err)
 	}
 
@@ -209,6 +216,21 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 	res := Result{Image: repo.Digest(digest).String()}
 	log.Info("build finished", "image", res.Image, "duration", time.Since(t0))
 	return res, nil
+}
+
+// Buildpacks returns the buildpacks the builder holds, kpush's own then ExtraBuildpacks, each
+// with its ID and version: the IDs a Request.Group may name. Error: an extra buildpack
+// without a readable buildpack.toml.
+func (l *Local) Buildpacks() ([]GroupEntry, error) {
+	var out []GroupEntry
+	for _, bp := range append(BuiltinBuildpacks(), l.ExtraBuildpacks...) {
+		d, err := readDescriptor(bp)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, GroupEntry{ID: d.Buildpack.ID, Version: d.Buildpack.Version})
+	}
+	return out, nil
 }
 
 func validateRequest(req Request) error {
@@ -482,9 +504,9 @@ func (l *Local) RemoveLeftovers(before time.Time) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// prepare creates the per-build directory tree (see Local) and the app's cache directory,
-// and chowns the source to the CNB user.
-func (l *Local) prepare(build, cacheDir, source, runImage string, env map[string]string) error {
+// prepare creates the per-build directory tree (see Local) with order as the builder's
+// order.toml, and the app's cache directory, and chowns the source to the CNB user.
+func (l *Local) prepare(build, cacheDir, source, runImage string, order []Group, env map[string]string) error {
 	for _, d := range []string{"cnb/lifecycle", "layers", "platform/env", "home", cacheDir} {
 		p := d
 		if !filepath.IsAbs(p) {
@@ -505,10 +527,6 @@ func (l *Local) prepare(build, cacheDir, source, runImage string, env map[string
 		if err := os.Symlink("lifecycle", filepath.Join(cnb, "lifecycle", p)); err != nil {
 			return err
 		}
-	}
-	order := l.Order
-	if order == nil {
-		order = DefaultOrder()
 	}
 	bps := append(BuiltinBuildpacks(), l.ExtraBuildpacks...)
 	if err := writeBuilder(cnb, bps, order, runImage); err != nil {

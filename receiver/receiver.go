@@ -355,13 +355,19 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 		p.Metrics.Failure(ops.StageSource)
 		return p.fail(log, a.Name, rel, b, logw, fmt.Sprintf("cannot read commit %s", short(rel.Commit)))
 	}
+	proj, err := p.project(log, src, a.BuildEnv, out)
+	if err != nil {
+		p.Metrics.Failure(ops.StageBuild)
+		return p.fail(log, a.Name, rel, b, logw, err.Error())
+	}
 	bstart := time.Now()
 	p.Metrics.BuildStarted()
 	res, err := p.Builder.Build(bctx, buildpack.Request{
 		App:       a.Name,
 		SourceDir: src,
 		Image:     p.Registry + "/" + a.Name,
-		Env:       cloneEnv(a.BuildEnv),
+		Env:       proj.Env,
+		Group:     proj.Group,
 	}, indent(out))
 	p.Metrics.BuildEnded()
 	if err == nil && bctx.Err() != nil {
