@@ -132,7 +132,7 @@ func serveCommand() *cobra.Command {
 	opsAddr = opsFlags(fs, ":8081")
 	fs.StringVar(&kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (default: in-cluster config; env KUBECONFIG)")
 	fs.StringVar(&namespace, "namespace", envOr("NAMESPACE", "default"), "namespace of the Knative Services (env KPUSH_NAMESPACE)")
-	fs.StringVar(&registry, "registry", envOr("REGISTRY", ""), "repository prefix for app images: REGISTRY/APP (env KPUSH_REGISTRY)")
+	fs.StringVar(&registry, "registry", envOr("REGISTRY", ""), "repository prefix for app images: REGISTRY/APP; required (env KPUSH_REGISTRY)")
 	fs.StringVar(&runImage, "run-image", envOr("RUN_IMAGE", ""), "CNB run image by digest (default: local builds generate kpush's own into the registry, build Pods use the builder's; env KPUSH_RUN_IMAGE)")
 	fs.StringArrayVar(&buildpacks, "buildpack", nil, "directory of an extra buildpack (buildpack.toml, bin/detect, bin/build), run as optional in front of every group of the default order; repeatable; --builder local only")
 	fs.DurationVar(&readyTimeout, "ready-timeout", envDuration("READY_TIMEOUT", 5*time.Minute), "how long a deploy waits for the Service to become Ready (env KPUSH_READY_TIMEOUT)")
@@ -161,7 +161,7 @@ type buildConfig struct {
 func (b *buildConfig) flags(fs *pflag.FlagSet) {
 	fs.StringVar(&b.Builder, "builder", envOr("BUILDER", ""), "where builds run: kube (a build Pod per build) or local (the lifecycle inside kpush's container, under bubblewrap); default kube in a cluster (no --kubeconfig), else local (env KPUSH_BUILDER)")
 	fs.StringVar(&b.BuilderImage, "builder-image", envOr("BUILDER_IMAGE", ""), "CNB builder image of build Pods (default "+buildpack.DefaultBuilderImage+"; env KPUSH_BUILDER_IMAGE)")
-	fs.StringVar(&b.KpushImage, "kpush-image", envOr("IMAGE", ""), "kpush's own image, whose `kpush source fetch` build Pods run to fetch the source; required with --builder kube (env KPUSH_IMAGE)")
+	fs.StringVar(&b.KpushImage, "kpush-image", envOr("IMAGE", ""), "kpush's own image, whose 'kpush source fetch' build Pods run to fetch the source; required with --builder kube (env KPUSH_IMAGE)")
 	fs.StringVar(&b.Namespace, "build-namespace", envOr("BUILD_NAMESPACE", ""), "namespace of build Pods (default: --namespace; env KPUSH_BUILD_NAMESPACE)")
 	fs.StringVar(&b.RegistrySecret, "registry-secret", envOr("REGISTRY_SECRET", ""), "kubernetes.io/dockerconfigjson Secret in the build namespace with push access to --registry, mounted into the phases that need it (default: anonymous; env KPUSH_REGISTRY_SECRET)")
 	fs.StringVar(&b.Resources, "builder-resources", envOr("BUILDER_RESOURCES", ""), `resources of each build Pod container as JSON, e.g. {"requests":{"cpu":"1","memory":"2Gi"},"limits":{"memory":"4Gi"}} (env KPUSH_BUILDER_RESOURCES)`)
