@@ -12,6 +12,17 @@ type Request struct {
 	// order (a project descriptor's [[io.buildpacks.group]], https://buildpacks.io/docs/reference/config/project-descriptor/).
 	// Its entries must name buildpacks the builder holds; none is optional.
 	Group Group
+	// PreviousImage, if not empty, is the app's current release image, by digest
+	// ("<repository>@sha256:<hex>") or tag, in the same repository as Image: the lifecycle's
+	// previous image (creator and analyzer -previous-image, Platform API 0.14). The analyzer
+	// reads its layer metadata, so the export reuses launch layers whose content is unchanged
+	// ("Reusing layer 'kpush/go:app'") and buildpacks see their launch layers' previous
+	// metadata. Empty (first build): the lifecycle looks for the build's fresh tag, which never
+	// exists, and the runner prints "No previous image (first build)" instead of the
+	// lifecycle's "Image with name ... not found". One in another repository (the registry
+	// moved, the app was renamed) is ignored and logged; one that no longer resolves makes the
+	// lifecycle print its "not found" line and reuse nothing. An unparsable one is an error.
+	PreviousImage string
 }
 
 // Result is a finished build.

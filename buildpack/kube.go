@@ -65,7 +65,8 @@ var failingWaits = map[string]bool{
 	"CreateContainerConfigError": true, "CreateContainerError": true, "RunContainerError": true,
 }
 
-// Build runs req as a build Pod and publishes req.Image:<unique tag>. Output: one line per
+// Build runs req as a build Pod and publishes req.Image:<unique tag>, reusing unchanged layers
+// of req.PreviousImage (analyzer -previous-image, see Request). Output: one line per
 // container start ("-----> Fetching source" ...) and the lifecycle's and buildpacks' output,
 // cleaned of terminal escapes. Errors: *Error with ErrDetect, ErrBuild, ErrExport (mapped from
 // the phase's exit code, Platform API 0.14) or ErrLifecycle (the source fetch, an image pull,
@@ -92,6 +93,13 @@ func (k *Kube) Build(ctx context.Context, req Request, out io.Writer) (Result, e
 	if err != nil {
 		return Result{}, fmt.Errorf("parsing image repository %q: %w", req.Image, err)
 	}
+	previous, noPrevious, err := previousImage(repo, req.PreviousImage)
+	if err != nil {
+		return Result{}, err
+	}
+	if noPrevious == msgPreviousElsewhere {
+		log.Warn("previous image is in another repository: not reusing its layers", "previous_image", req.PreviousImage, "repository", repo.String())
+	}
 	tag := newTag(time.Now())
 	podName := "kpush-build-" + req.App + "-" + tag
 	token, err := k.Sources.Register(podName, req.SourceDir)
@@ -100,7 +108,7 @@ func (k *Kube) Build(ctx context.Context, req Request, out io.Writer) (Result, e
 	}
 	defer k.Sources.Revoke(token)
 	pod, err := BuildPod(PodSpec{
-		Name: podName, Namespace: k.Namespace, App: req.App, Tag: tag, Image: req.Image,
+		Name: podName, Namespace: k.Namespace, App: req.App, Tag: tag, Image: req.Image, PreviousImage: previous,
 		BuilderImage: k.BuilderImage, RunImage: k.RunImage, KpushImage: k.KpushImage,
 		SourceURL: k.SourceURL, SourceToken: token, Env: req.Env,
 		RegistrySecret: k.RegistrySecret, ServiceAccount: k.ServiceAccount, Resources: k.Resources,
@@ -127,7 +135,7 @@ func (k *Kube) Build(ctx context.Context, req Request, out io.Writer) (Result, e
 	}()
 	fmt.Fprintf(out, "-----> Building in pod %s/%s\n", k.Namespace, podName)
 
-	sink := &lineSink{out: out}
+	sink := &lineSink{out: out, freshImage: repo.Tag(tag).String(), noPrevious: noPrevious}
 	for _, c := range pod.Spec.InitContainers {
 		code, err := k.runContainer(ctx, podName, c.Name, sink)
 		if err != nil {

@@ -2,6 +2,7 @@ package buildpack
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"regexp"
 	"strings"
@@ -32,14 +33,22 @@ func cleanLine(b []byte) string {
 // pusher hung up) are remembered and never returned to the process, so the build finishes
 // or fails on its own terms.
 type lineSink struct {
-	mu      sync.Mutex
-	out     io.Writer
-	lastErr string
-	werr    error
+	mu  sync.Mutex
+	out io.Writer
+	// freshImage is the build's output image (the fresh unique tag). Without a previous
+	// image the analyzer looks for it, and its `Image with name "<freshImage>" not found`
+	// line, which reads like an error, is replaced by noPrevious if that is set (see
+	// previousImage).
+	freshImage, noPrevious string
+	lastErr                string
+	werr                   error
 }
 
 func (s *lineSink) emit(line []byte) {
 	l := cleanLine(line)
+	if s.noPrevious != "" && strings.TrimSpace(l) == fmt.Sprintf(analyzerNotFoundLine, s.freshImage) {
+		l = s.noPrevious
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if rest, ok := strings.CutPrefix(l, "ERROR: "); ok {

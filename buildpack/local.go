@@ -105,6 +105,7 @@ type Local struct {
 // req.Image under a fresh tag "<UTC yyyymmdd-hhmmss>-<6 hex>". It streams the lifecycle's
 // and buildpacks' output to out line by line as it happens, with terminal escapes removed.
 // It takes ownership of req.SourceDir (chowns it to the CNB user, 1000:1000).
+// req.PreviousImage is the creator's -previous-image (see Request).
 //
 // The result names the image by the digest in the lifecycle's report.toml. Errors: an *Error
 // (errors.Is with ErrDetect, ErrBuild, ErrExport, ErrLifecycle) when the lifecycle fails, a
@@ -125,6 +126,13 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 	repo, err := name.NewRepository(req.Image)
 	if err != nil {
 		return Result{}, fmt.Errorf("parsing image repository %q: %w", req.Image, err)
+	}
+	previous, noPrevious, err := previousImage(repo, req.PreviousImage)
+	if err != nil {
+		return Result{}, err
+	}
+	if noPrevious == msgPreviousElsewhere {
+		log.Warn("previous image is in another repository: not reusing its layers", "previous_image", req.PreviousImage, "repository", repo.String())
 	}
 	bin := map[string]string{}
 	for _, t := range []string{"bwrap", "lifecycle", "launcher"} {
@@ -178,10 +186,10 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 		build: build, source: req.SourceDir, cache: cacheDir, goRoot: goRoot,
 		lifecycle: bin["lifecycle"], launcher: bin["launcher"],
 	})
-	args = append(args, creatorArgs(image, l.InsecureRegistries)...)
+	args = append(args, creatorArgs(image, previous, l.InsecureRegistries)...)
 	cmd := exec.CommandContext(ctx, bin["bwrap"], args...)
 	cmd.Env = l.creatorEnv(req.Image, runImage)
-	sink := &lineSink{out: out}
+	sink := &lineSink{out: out, freshImage: image, noPrevious: noPrevious}
 	stdout, stderr := &lineWriter{sink: sink}, &lineWriter{sink: sink}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -189,7 +197,7 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 	cmd.WaitDelay = 5 * time.Second
 
 	t0 := time.Now()
-	log.Info("build started", "image", image, "run_image", runImage)
+	log.Info("build started", "image", image, "run_image", runImage, "previous_image", previous)
 	runErr := cmd.Run()
 	stdout.Flush()
 	stderr.Flush()
@@ -651,8 +659,9 @@ func parentDirs(p string) []string {
 }
 
 // creatorArgs are /cnb/lifecycle/creator and its flags (Platform API 0.14) for publishing
-// image.
-func creatorArgs(image string, insecure []string) []string {
+// image, with previous (if not "") as -previous-image, the image whose layers the export may
+// reuse (lifecycle v0.20.4 defaults it to image itself).
+func creatorArgs(image, previous string, insecure []string) []string {
 	a := []string{"/cnb/lifecycle/creator",
 		"-app", "/workspace",
 		"-layers", "/layers",
@@ -668,6 +677,9 @@ func creatorArgs(image string, insecure []string) []string {
 		"-log-level", "info",
 		"-no-color",
 		"-parallel",
+	}
+	if previous != "" {
+		a = append(a, "-previous-image", previous)
 	}
 	for _, r := range insecure {
 		a = append(a, "-insecure-registry", r)

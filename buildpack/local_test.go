@@ -103,12 +103,17 @@ func goApp(tb testing.TB) string {
 
 func (h *harness) build(tb testing.TB, app, src string, env map[string]string) (Result, string, error) {
 	tb.Helper()
+	return h.buildReq(tb, Request{App: app, SourceDir: src, Image: h.reg + "/kpush/" + app, Env: env})
+}
+
+func (h *harness) buildReq(tb testing.TB, req Request) (Result, string, error) {
+	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	res, err := h.local.Build(ctx, Request{App: app, SourceDir: src, Image: h.reg + "/kpush/" + app, Env: env}, &out)
+	res, err := h.local.Build(ctx, req, &out)
 	if testing.Verbose() {
-		tb.Logf("build output of %s:\n%s", app, out.String())
+		tb.Logf("build output of %s:\n%s", req.App, out.String())
 	}
 	if strings.Contains(out.String(), "\x1b") {
 		tb.Errorf("build output contains terminal escapes")
@@ -204,10 +209,14 @@ func TestBuildGoApp(t *testing.T) {
 		t.Fatalf("cold build: %v\n%s", err, out)
 	}
 	img, cf := checkAppImage(t, res.Image)
-	for _, want := range []string{"===> DETECTING", "kpush/go", "Go build cache: cold", "Building example.com/goapp (.)"} {
+	for _, want := range []string{"===> DETECTING", "kpush/go", "Go build cache: cold", "Building example.com/goapp (.)",
+		"===> ANALYZING\n" + msgFirstBuild + "\n", "Adding layer 'kpush/go:app'"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("cold build output lacks %q", want)
 		}
+	}
+	if strings.Contains(out, "not found") {
+		t.Errorf("first build output has a \"not found\" line:\n%s", out)
 	}
 	md := readBuildMetadata(t, cf)
 	if len(md.Processes) != 1 || md.Processes[0].Type != "web" || md.Processes[0].BuildpackID != GoID ||
@@ -225,17 +234,24 @@ func TestBuildGoApp(t *testing.T) {
 	}
 	checkServes(t, bin, "hello from goapp")
 
-	// Warm: same source, same app → cache layer restored, nothing recompiled, same digest.
+	// Warm, the way the receiver builds a release: same source, same app, the first build as
+	// the previous image → cache layer restored, nothing recompiled, the unchanged launch
+	// layers reused from the previous image (the first build said "Adding layer"), same digest.
 	src2 := goApp(t)
-	res2, out2, err := h.build(t, "goapp", src2, nil)
+	res2, out2, err := h.buildReq(t, Request{App: "goapp", SourceDir: src2, Image: h.reg + "/kpush/goapp", PreviousImage: res.Image})
 	if err != nil {
 		t.Fatalf("warm build: %v\n%s", err, out2)
 	}
 	checkAppImage(t, res2.Image)
-	for _, want := range []string{`Restoring data for "kpush/go:go-cache" from cache`, "Go build cache: warm"} {
+	for _, want := range []string{`Restoring data for "kpush/go:go-cache" from cache`, "Go build cache: warm",
+		`Restoring metadata for "kpush/go:app" from app image`,
+		"Reusing layers from image '" + res.Image + "'", "Reusing layer 'kpush/go:app'", "Reused 1/1 app layer(s)"} {
 		if !strings.Contains(out2, want) {
 			t.Errorf("warm build output lacks %q", want)
 		}
+	}
+	if strings.Contains(out2, "not found") || strings.Contains(out2, msgFirstBuild) || strings.Contains(out2, "Adding layer 'kpush/go:app'") {
+		t.Errorf("warm build with a previous image did not find it:\n%s", out2)
 	}
 	if res2.Image != res.Image {
 		t.Errorf("warm rebuild of identical source: digest %s, first build %s (want identical: the lifecycle normalises timestamps)", res2.Image, res.Image)
@@ -332,9 +348,15 @@ func TestBuildProcfileApp(t *testing.T) {
 		"Procfile":          "# comment\nweb: busybox httpd -f -p $PORT -h public\r\nworker: echo \"quoted\" \\ back\n",
 		"public/index.html": "hello\n",
 	})
-	res, out, err := h.build(t, "procapp", src, nil)
+	// A previous image that no longer resolves (e.g. garbage-collected): the lifecycle says so
+	// and builds without it.
+	gone := h.reg + "/kpush/procapp@sha256:" + strings.Repeat("0", 64)
+	res, out, err := h.buildReq(t, Request{App: "procapp", SourceDir: src, Image: h.reg + "/kpush/procapp", PreviousImage: gone})
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
+	}
+	if want := `Image with name "` + gone + `" not found`; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
 	}
 	img, cf := checkAppImage(t, res.Image)
 	md := readBuildMetadata(t, cf)
@@ -520,9 +542,10 @@ func TestBuildCancel(t *testing.T) {
 	t.Logf("cancel took %v", time.Since(t0))
 }
 
-// BenchmarkBuildWarm measures a rebuild of an unchanged Go web app with a warm cache:
-// sandbox set-up, the lifecycle's five phases, a no-op `go build` and the export to an
-// in-process registry.
+// BenchmarkBuildWarm measures a rebuild of an unchanged Go web app with a warm cache and the
+// first build as the previous image (the realistic second push): sandbox set-up, the
+// lifecycle's five phases, a no-op `go build` and the export to an in-process registry,
+// reusing the previous image's layers.
 func BenchmarkBuildWarm(b *testing.B) {
 	h := newHarness(b)
 	src := goApp(b)
@@ -532,6 +555,7 @@ func BenchmarkBuildWarm(b *testing.B) {
 	if err != nil {
 		b.Fatalf("cold build: %v\n%s", err, out.String())
 	}
+	req.PreviousImage = first.Image // as the receiver does: the current release's image
 	for b.Loop() {
 		out.Reset()
 		res, err := h.local.Build(context.Background(), req, &out)

@@ -47,6 +47,10 @@ type PodSpec struct {
 	App       string // DNS-1035 app name, label kpush.dev/app
 	Tag       string // the build's unique tag, label kpush.dev/build; the image is published as Image:Tag
 	Image     string // repository to publish to, e.g. "registry.example.com/kpush/demo"
+	// PreviousImage is the analyzer's -previous-image (Request.PreviousImage): by digest or
+	// tag, in Image's repository (else BuildPod fails). The exporter has no such flag and
+	// takes it from analyzed.toml. Empty: none (the lifecycle looks for Image:Tag).
+	PreviousImage string
 	// CacheImage is the build cache image. Empty: CacheImageFor(Image).
 	CacheImage string
 	// BuilderImage is the CNB builder (lifecycle at /cnb/lifecycle, buildpacks, order.toml,
@@ -116,6 +120,13 @@ func BuildPod(s PodSpec) (*corev1.Pod, error) {
 		return nil, fmt.Errorf("build pod: parsing image repository %q: %w", s.Image, err)
 	}
 	image := repo.Tag(s.Tag).String()
+	previous, _, err := previousImage(repo, s.PreviousImage)
+	if err != nil {
+		return nil, fmt.Errorf("build pod: %w", err)
+	}
+	if s.PreviousImage != "" && previous == "" {
+		return nil, fmt.Errorf("build pod: previous image %q is not in repository %s", s.PreviousImage, repo)
+	}
 	cache := s.CacheImage
 	if cache == "" {
 		cache = CacheImageFor(repo.String())
@@ -192,6 +203,9 @@ func BuildPod(s PodSpec) (*corev1.Pod, error) {
 	analyzeArgs := []string{"-layers=/layers", analyzed, "-cache-image=" + cache}
 	if s.RunImage != "" {
 		analyzeArgs = append(analyzeArgs, "-run-image="+s.RunImage)
+	}
+	if previous != "" {
+		analyzeArgs = append(analyzeArgs, "-previous-image="+previous)
 	}
 	init := []corev1.Container{
 		{

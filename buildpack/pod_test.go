@@ -86,14 +86,35 @@ if [ -n "$found" ]; then echo "probe credentials: readable:$found"; else echo "p
 // TestBuildPodSpec checks the Pod's shape: kpack's container order, credentials only in
 // analyze, restore and export, non-root, emptyDirs, deadline, no service account token.
 func TestBuildPodSpec(t *testing.T) {
-	pod, err := BuildPod(PodSpec{Name: "p", Namespace: "ns", App: "demo", Tag: "20260101-000000-abcdef",
-		Image: "reg.example.com/kpush/demo", KpushImage: testKpushImage, BuilderImage: testBuilderImage,
+	previous := "reg.example.com/kpush/demo@sha256:" + strings.Repeat("ab", 32)
+	spec := PodSpec{Name: "p", Namespace: "ns", App: "demo", Tag: "20260101-000000-abcdef",
+		Image: "reg.example.com/kpush/demo", PreviousImage: previous, KpushImage: testKpushImage, BuilderImage: testBuilderImage,
 		SourceURL: "http://kpush:8080/source", SourceToken: "tok", RegistrySecret: "regcred",
-		Env: map[string]string{"GOFLAGS": "-tags=x"}, Deadline: 10 * time.Minute})
+		Env: map[string]string{"GOFLAGS": "-tags=x"}, Deadline: 10 * time.Minute}
+	pod, err := BuildPod(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	checkBuildPod(t, pod)
+	// The previous image goes to the analyzer only (the exporter reads it from analyzed.toml
+	// and has no -previous-image flag in lifecycle v0.20.4); the output image stays last.
+	for _, c := range pod.Spec.InitContainers {
+		has := slices.Contains(c.Args, "-previous-image="+previous)
+		if has != (c.Name == ContainerAnalyze) {
+			t.Errorf("container %s: -previous-image=%s in args %v", c.Name, previous, c.Args)
+		}
+		if c.Name == ContainerAnalyze && c.Args[len(c.Args)-1] != "reg.example.com/kpush/demo:20260101-000000-abcdef" {
+			t.Errorf("analyze: output image not last: %v", c.Args)
+		}
+	}
+	spec.PreviousImage = ""
+	if pod, err := BuildPod(spec); err != nil || slices.ContainsFunc(pod.Spec.InitContainers[1].Args, func(a string) bool { return strings.HasPrefix(a, "-previous-image") }) {
+		t.Errorf("first build: err %v, analyze args %v", err, pod.Spec.InitContainers[1].Args)
+	}
+	spec.PreviousImage = "reg.example.com/kpush/other@sha256:" + strings.Repeat("ab", 32)
+	if _, err := BuildPod(spec); err == nil {
+		t.Errorf("BuildPod with a previous image in another repository succeeded")
+	}
 	if _, err := BuildPod(PodSpec{Name: "p", App: "a", Tag: "t", Image: "r/x", SourceURL: "u", SourceToken: "t"}); err == nil {
 		t.Errorf("BuildPod without a kpush image succeeded")
 	}
@@ -194,7 +215,7 @@ func TestPodPlanRunsLocally(t *testing.T) {
 	runner := &PodRunner{Images: images, Secrets: map[string]map[string][]byte{
 		"regcred": {corev1.DockerConfigJsonKey: dockerConfigJSON(reg)}}}
 
-	build := func(mutate func(*corev1.Pod), token string) (*corev1.Pod, string, map[string]int, error) {
+	build := func(mutate func(*corev1.Pod), token, previous string) (*corev1.Pod, string, map[string]int, error) {
 		src := writeTree(t, map[string]string{"Procfile": "web: sleep 1000\n"})
 		if token == "" {
 			var err error
@@ -203,7 +224,7 @@ func TestPodPlanRunsLocally(t *testing.T) {
 			}
 		}
 		pod, err := BuildPod(PodSpec{Name: "kpush-build-probe", App: "probe", Tag: newTag(time.Now()),
-			Image: reg + "/kpush/probe", KpushImage: testKpushImage, BuilderImage: testBuilderImage,
+			Image: reg + "/kpush/probe", PreviousImage: previous, KpushImage: testKpushImage, BuilderImage: testBuilderImage,
 			SourceURL: srv.URL, SourceToken: token, RegistrySecret: "regcred", Deadline: 5 * time.Minute})
 		if err != nil {
 			t.Fatal(err)
@@ -222,14 +243,14 @@ func TestPodPlanRunsLocally(t *testing.T) {
 	}
 
 	// Control: give the build phase the credentials too; the probe must find them.
-	_, out, _, err := build(func(p *corev1.Pod) {
+	control, out, _, err := build(func(p *corev1.Pod) {
 		for i := range p.Spec.InitContainers {
 			if c := &p.Spec.InitContainers[i]; c.Name == ContainerBuild {
 				c.VolumeMounts = append(c.VolumeMounts, corev1.VolumeMount{Name: volAuth, MountPath: RegistryAuthPath, ReadOnly: true})
 				c.Env = append(c.Env, corev1.EnvVar{Name: "DOCKER_CONFIG", Value: RegistryAuthPath})
 			}
 		}
-	}, "")
+	}, "", "")
 	if err != nil {
 		t.Fatalf("control build: %v\n%s", err, out)
 	}
@@ -238,16 +259,32 @@ func TestPodPlanRunsLocally(t *testing.T) {
 		t.Fatalf("control: the probe did not find credentials mounted into the build phase:\n%s", out)
 	}
 
-	// As built: the probe finds nothing; the image is in the registry.
-	pod, out, codes, err := build(nil, "")
+	auth := remote.WithAuth(&authn.Basic{Username: regUser, Password: regPass})
+	controlRef, err := name.ParseReference(control.Annotations["kpush.dev/image"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	controlDesc, err := remote.Head(controlRef, auth)
+	if err != nil {
+		t.Fatalf("the control build's tag %s does not resolve: %v", controlRef, err)
+	}
+	previous := controlRef.Context().Digest(controlDesc.Digest.String()).String()
+
+	// As built, with the control build as the previous image: the probe finds nothing; the
+	// image is in the registry; the analyzer found the previous image (with the credentials
+	// only it, restore and export have) and the exporter reused its layers.
+	pod, out, codes, err := build(nil, "", previous)
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	for _, want := range []string{"probe credentials: hidden", fmt.Sprintf("probe uid: %d:%d", CNBUserID, CNBGroupID),
-		"Fetched the pushed source", "build complete"} {
+		"Fetched the pushed source", "build complete", "Reusing layers from image '" + previous + "'", "Reusing layer 'buildpacksio/lifecycle:launcher'"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+	if strings.Contains(out, "Image with name") { // `Image with name "..." not found`
+		t.Errorf("build with a previous image: the analyzer did not find it:\n%s", out)
 	}
 	if strings.Contains(out, regPass) || strings.Contains(out, base64.StdEncoding.EncodeToString([]byte(regUser+":"+regPass))) {
 		t.Errorf("output contains the registry password")
@@ -256,7 +293,6 @@ func TestPodPlanRunsLocally(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	auth := remote.WithAuth(&authn.Basic{Username: regUser, Password: regPass})
 	desc, err := remote.Head(tagRef, auth)
 	if err != nil {
 		t.Fatalf("the unique tag %s does not resolve: %v", tagRef, err)
@@ -289,7 +325,7 @@ func TestPodPlanRunsLocally(t *testing.T) {
 		t.Errorf("analyze ran after the source fetch failed")
 	}
 	// A wrong token.
-	_, out, codes, err = build(nil, "not-the-token")
+	_, out, codes, err = build(nil, "not-the-token", "")
 	if err == nil || codes[ContainerSource] == 0 || !strings.Contains(out, "not valid") {
 		t.Errorf("wrong token: err %v, codes %v, output:\n%s", err, codes, out)
 	}
@@ -370,10 +406,14 @@ func TestKubeBuild(t *testing.T) {
 	}
 	text := out.String()
 	for _, want := range []string{"-----> Fetching source", "-----> Analyzing", "-----> Detecting", "-----> Building",
-		"Building example.com/goapp", "probe credentials: hidden", "-----> Exporting", "Saving " + reg + "/kpush/goapp:"} {
+		"Building example.com/goapp", "probe credentials: hidden", "-----> Exporting", "Saving " + reg + "/kpush/goapp:",
+		"-----> Analyzing\n" + msgFirstBuild + "\n"} {
 		if !strings.Contains(text, want) {
 			t.Errorf("output lacks %q", want)
 		}
+	}
+	if strings.Contains(text, "Image with name") { // `Image with name "<fresh tag>" not found`
+		t.Errorf("first build output has the analyzer's \"not found\" line:\n%s", text)
 	}
 	if !kubelet.sawPod() {
 		t.Fatalf("the stand-in kubelet never saw the build pod")

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/google/go-containerregistry/pkg/name"
 )
 
 func TestLifecycleError(t *testing.T) {
@@ -95,6 +96,58 @@ func TestLineWriter(t *testing.T) {
 			}
 			if s.lastError() != tt.lastErr {
 				t.Errorf("lastError = %q, want %q", s.lastError(), tt.lastErr)
+			}
+		})
+	}
+}
+
+func TestPreviousImage(t *testing.T) {
+	digest := "@sha256:" + strings.Repeat("ab", 32)
+	tests := []struct {
+		name, prev      string
+		ref, noPrevious string
+		wantErr         bool
+	}{
+		{"first build", "", "", msgFirstBuild, false},
+		{"by digest", "127.0.0.1:5000/kpush/demo" + digest, "127.0.0.1:5000/kpush/demo" + digest, "", false},
+		{"by tag", "127.0.0.1:5000/kpush/demo:20261130-000000-abcdef", "127.0.0.1:5000/kpush/demo:20261130-000000-abcdef", "", false},
+		{"other registry", "127.0.0.1:5001/kpush/demo" + digest, "", msgPreviousElsewhere, false},
+		{"other app", "127.0.0.1:5000/kpush/other" + digest, "", msgPreviousElsewhere, false},
+		{"unparsable", "127.0.0.1:5000/kpush/demo@sha256:short", "", "", true},
+	}
+	repo, err := name.NewRepository("127.0.0.1:5000/kpush/demo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ref, noPrevious, err := previousImage(repo, tt.prev)
+			if (err != nil) != tt.wantErr || ref != tt.ref || noPrevious != tt.noPrevious {
+				t.Errorf("previousImage(%q) = %q, %q, %v; want %q, %q, error %v", tt.prev, ref, noPrevious, err, tt.ref, tt.noPrevious, tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestLineSinkNoPrevious: the analyzer's "not found" line for the build's own fresh tag is
+// replaced; the same line for any other image (a previous image that is gone) is kept.
+func TestLineSinkNoPrevious(t *testing.T) {
+	fresh := "127.0.0.1:5000/kpush/demo:20261130-000000-abcdef"
+	tests := []struct {
+		name, noPrevious, in, want string
+	}{
+		{"fresh tag replaced", msgFirstBuild, `Image with name "` + fresh + `" not found`, msgFirstBuild},
+		{"other image kept", msgFirstBuild, `Image with name "127.0.0.1:5000/kpush/demo@sha256:00" not found`, `Image with name "127.0.0.1:5000/kpush/demo@sha256:00" not found`},
+		{"previous image passed: kept", "", `Image with name "` + fresh + `" not found`, `Image with name "` + fresh + `" not found`},
+		{"other lines kept", msgFirstBuild, "===> ANALYZING", "===> ANALYZING"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			w := &lineWriter{sink: &lineSink{out: &out, freshImage: fresh, noPrevious: tt.noPrevious}}
+			w.Write([]byte(tt.in + "\n"))
+			if got := strings.TrimSuffix(out.String(), "\n"); got != tt.want {
+				t.Errorf("got %q, want %q", got, tt.want)
 			}
 		})
 	}
@@ -253,14 +306,18 @@ func TestBwrapArgs(t *testing.T) {
 }
 
 func TestCreatorArgs(t *testing.T) {
-	a := strings.Join(creatorArgs("r/app:tag", []string{"reg:5000"}), " ")
-	for _, want := range []string{"/cnb/lifecycle/creator ", "-run /cnb/run.toml", "-cache-dir /cache", "-uid 1000 -gid 1000", "-no-color", "-insecure-registry reg:5000", "-report /layers/report.toml"} {
+	a := strings.Join(creatorArgs("r/app:tag", "r/app@sha256:ab", []string{"reg:5000"}), " ")
+	for _, want := range []string{"/cnb/lifecycle/creator ", "-run /cnb/run.toml", "-cache-dir /cache", "-uid 1000 -gid 1000", "-no-color",
+		"-insecure-registry reg:5000", "-report /layers/report.toml", "-previous-image r/app@sha256:ab "} {
 		if !strings.Contains(a, want) {
 			t.Errorf("creator args lack %q: %s", want, a)
 		}
 	}
 	if !strings.HasSuffix(a, " r/app:tag") {
 		t.Errorf("image not last: %s", a)
+	}
+	if a := strings.Join(creatorArgs("r/app:tag", "", nil), " "); strings.Contains(a, "-previous-image") {
+		t.Errorf("first build passes -previous-image: %s", a)
 	}
 	env := strings.Join((&Local{RegistryUsername: "u", RegistryPassword: "p"}).creatorEnv("r:1/a"), "\n")
 	for _, want := range []string{"CNB_PLATFORM_API=0.14", "CNB_USER_ID=1000", "CNB_GROUP_ID=1000", "CNB_NO_COLOR=true", "CNB_REGISTRY_AUTH={\"r:1\":"} {
