@@ -116,9 +116,9 @@ func parseLeaseNote(note string) (version int, ok bool) {
 	return version, err == nil
 }
 
-// holderMessage describes the build holding an app's lease for people:
+// describeHolder names the build holding an app's lease for people:
 // "build #3 by alice, abc1234, running 35 s".
-func (p *Pipeline) holderMessage(app string, h lease.Info) string {
+func (p *Pipeline) describeHolder(app string, h lease.Info) string {
 	running := time.Since(h.Acquired).Truncate(time.Second).Seconds()
 	if v, ok := parseLeaseNote(h.Note); ok {
 		if r, err := p.Store.Release(app, v); err == nil {
@@ -134,6 +134,21 @@ func (p *Pipeline) holderMessage(app string, h lease.Info) string {
 	}
 	return fmt.Sprintf("%s, running %.0f s", h.Note, running)
 }
+
+// holderMessage describes the build holding an app's lease for people waiting behind it,
+// with when the lease lapses should its holder have died: "build #3 by alice, abc1234,
+// running 35 s; its lease expires in 12 s unless renewed; an admin can run: ssh -p 2222
+// git@127.0.0.1 apps:unlock demo".
+func (p *Pipeline) holderMessage(app string, h lease.Info) string {
+	msg := p.describeHolder(app, h)
+	if exp := h.ExpiresAt(); !exp.IsZero() {
+		msg += fmt.Sprintf("; its lease expires in %.0f s unless renewed", max(0, time.Until(exp).Round(time.Second).Seconds()))
+	}
+	return msg + fmt.Sprintf("; an admin can run: %s apps:unlock %s", p.sshHint(), app)
+}
+
+// sshHint is how people reach the server: "ssh -p 2222 git@127.0.0.1" (SSHHint of Addr).
+func (p *Pipeline) sshHint() string { return SSHHint(p.Addr) }
 
 // holdBuild queues rel (stored, pending) for app's build lease and returns the lease once
 // held. It fails with a *supersededError when a newer push replaced rel in the queue, or
@@ -192,7 +207,11 @@ func (p *Pipeline) holdBuild(ctx context.Context, log *slog.Logger, app string, 
 			}
 			return r.l, nil
 		case h := <-held:
-			fmt.Fprintf(out, "-----> v%d queued behind %s; a newer push replaces this one\n", rel.Version, p.holderMessage(app, h))
+			fmt.Fprintf(out, "-----> v%d queued behind %s\n", rel.Version, p.holderMessage(app, h))
+			if v, ok := parseLeaseNote(h.Note); ok && v < rel.Version {
+				fmt.Fprintf(out, "       v%d would not be deployed after this newer push: its build is cancelled (a deploy in progress finishes)\n", v)
+			}
+			fmt.Fprintf(out, "       a newer push replaces this one in the queue\n")
 		case <-tick.C:
 			q, err := p.Store.Queued(app)
 			if err != nil {
@@ -284,6 +303,9 @@ func (p *Pipeline) deployRelease(ctx context.Context, log *slog.Logger, app stri
 		}
 		if c := context.Cause(ctx); c != nil && ctx.Err() != nil {
 			msg = fmt.Sprintf("deploy stopped: %v", c)
+			if isCancelled(c) {
+				return p.failAs(log, app, rel, nil, logw, StatusCancelled, msg)
+			}
 		}
 		return p.fail(log, app, rel, nil, logw, msg)
 	}
@@ -350,10 +372,36 @@ func asDeployed(app string, r *Release) deployer.Release {
 	return deployer.Release{App: app, Image: r.Image, Commit: r.Commit, Pusher: r.User, Env: cloneEnv(r.Env), Version: r.Version}
 }
 
-// watchBuild cancels the build context (cancel) when the build lease is lost, when
-// builds:cancel asks for it, or — with cancelOnDisconnect — when the pusher disconnects
-// (pusher ends). It returns when done is closed.
-func (p *Pipeline) watchBuild(app string, rel *Release, l *lease.Lease, pusher context.Context, cancelOnDisconnect bool, cancel context.CancelCauseFunc, done <-chan struct{}) {
+// cancelledError is the cause of a build stopped on purpose: builds:cancel, apps:unlock, a
+// newer push queued behind it (se set), the pusher disconnecting. Its release and build are
+// recorded as StatusCancelled.
+type cancelledError struct {
+	msg string
+	se  *supersededError // the queued release that made this build pointless, if that is why
+}
+
+func (e *cancelledError) Error() string { return e.msg }
+
+// Unwrap returns the *supersededError, if any, so that errors.As finds it.
+func (e *cancelledError) Unwrap() error {
+	if e.se == nil {
+		return nil
+	}
+	return e.se
+}
+
+// isCancelled reports whether err (or ctx's cause) says the operation was cancelled on purpose.
+func isCancelled(err error) bool {
+	_, ok := errors.AsType[*cancelledError](err)
+	return ok
+}
+
+// watchBuild cancels the build context (cancel) when the build lease is lost (apps:unlock
+// names who ran it), when builds:cancel asks for it, while building (building reports true)
+// when a newer push or rebuild queues behind rel (it would not be deployed: see
+// deployRelease), or — with cancelOnDisconnect — when the pusher disconnects (pusher ends).
+// Every cause is a *cancelledError. It returns when done is closed.
+func (p *Pipeline) watchBuild(app string, rel *Release, l *lease.Lease, pusher context.Context, cancelOnDisconnect bool, building func() bool, cancel context.CancelCauseFunc, done <-chan struct{}) {
 	tick := time.NewTicker(cancelPoll)
 	defer tick.Stop()
 	var gone <-chan struct{}
@@ -364,19 +412,44 @@ func (p *Pipeline) watchBuild(app string, rel *Release, l *lease.Lease, pusher c
 	if l != nil {
 		lost = l.Lost()
 	}
+	requested := func() error {
+		c := p.Store.CancelRequested(app, rel.Version)
+		switch {
+		case c == nil:
+			return nil
+		case c.Via == "apps:unlock":
+			return &cancelledError{msg: fmt.Sprintf("cancelled: %s ran apps:unlock %s", c.User, app)}
+		default:
+			return &cancelledError{msg: fmt.Sprintf("cancelled by %s (builds:cancel)", c.User)}
+		}
+	}
 	for {
 		select {
 		case <-done:
 			return
 		case <-lost:
-			cancel(fmt.Errorf("cancelled: this server lost the app's lease (%v); the build may run elsewhere now", l.Err()))
+			if err := requested(); err != nil {
+				cancel(err)
+				return
+			}
+			cancel(&cancelledError{msg: fmt.Sprintf("cancelled: this server lost the app's lease (%v); the build may run elsewhere now", l.Err())})
 			return
 		case <-gone:
-			cancel(errors.New("cancelled: the pusher disconnected (push option cancel-on-disconnect)"))
+			cancel(&cancelledError{msg: "cancelled: the pusher disconnected (push option cancel-on-disconnect)"})
 			return
 		case <-tick.C:
-			if c := p.Store.CancelRequested(app, rel.Version); c != nil {
-				cancel(fmt.Errorf("cancelled by %s (builds:cancel)", c.User))
+			if err := requested(); err != nil {
+				cancel(err)
+				return
+			}
+			if building == nil || !building() {
+				continue
+			}
+			if q, err := p.Store.Queued(app); err == nil && q != nil && q.Release > rel.Version {
+				se := &supersededError{Version: q.Release, Commit: q.Commit, User: q.User}
+				p.logger().Info("newer push queued; cancelling the doomed build", "app", app, "release", rel.Version, "by", q.Release)
+				cancel(&cancelledError{se: se, msg: fmt.Sprintf("v%d not deployed: %v; its build was cancelled when v%d queued behind it",
+					rel.Version, se, q.Release)})
 				return
 			}
 		}
@@ -402,7 +475,7 @@ func (p *Pipeline) CancelBuild(ctx context.Context, app, user string) (*Release,
 	if err != nil {
 		return nil, p.internal(app, "reading the running release", err)
 	}
-	if err := p.Store.RequestCancel(app, CancelRequest{Release: v, User: user, At: time.Now().UTC()}); err != nil {
+	if err := p.Store.RequestCancel(app, CancelRequest{Release: v, User: user, At: time.Now().UTC(), Via: "builds:cancel"}); err != nil {
 		return nil, p.internal(app, "recording the cancel request", err)
 	}
 	return r, nil
@@ -411,23 +484,33 @@ func (p *Pipeline) CancelBuild(ctx context.Context, app, user string) (*Release,
 // LeaseInfo is who holds an app's build lease, for apps:unlock.
 type LeaseInfo = lease.Info
 
-// Unlock frees app's build lease whoever holds it (apps:unlock) and empties its queue entry
-// if the waiter's process is gone. It returns the lease as it was and whether it was held.
-// The holder, if alive, learns at its next renewal and cancels its build.
-func (p *Pipeline) Unlock(ctx context.Context, app string) (LeaseInfo, bool, error) {
+// Unlock frees app's build lease whoever holds it (apps:unlock, run by user) and empties its
+// queue entry if the waiter's process is gone. It returns the lease as it was, whether it was
+// held, and the holder described for people (holderMessage). The holder, if alive, learns
+// at its next renewal and cancels its build, telling its pusher that user ran apps:unlock.
+func (p *Pipeline) Unlock(ctx context.Context, app, user string) (LeaseInfo, bool, string, error) {
 	if _, err := p.App(app); err != nil {
-		return LeaseInfo{}, false, err
+		return LeaseInfo{}, false, "", err
 	}
 	h, held, err := p.leases().Holder(ctx, app)
 	if err != nil {
-		return h, false, p.internal(app, "reading the app's lease", err)
+		return h, false, "", p.internal(app, "reading the app's lease", err)
+	}
+	who := ""
+	if held {
+		who = p.describeHolder(app, h)
+		if v, ok := parseLeaseNote(h.Note); ok {
+			if err := p.Store.RequestCancel(app, CancelRequest{Release: v, User: user, At: time.Now().UTC(), Via: "apps:unlock"}); err != nil {
+				return h, held, who, p.internal(app, "recording the cancel request", err)
+			}
+		}
 	}
 	if err := p.leases().Break(ctx, app); err != nil {
-		return h, held, p.internal(app, "breaking the app's lease", err)
+		return h, held, who, p.internal(app, "breaking the app's lease", err)
 	}
 	if q, err := p.Store.Queued(app); err == nil && q != nil && !p.Store.OwnerAlive(q.Owner) {
 		p.Store.Dequeue(app, q.Release)
 	}
-	p.logger().Warn("app unlocked", "app", app, "holder", h.Holder, "note", h.Note, "was_held", held)
-	return h, held, nil
+	p.logger().Warn("app unlocked", "app", app, "by", user, "holder", h.Holder, "note", h.Note, "was_held", held)
+	return h, held, who, nil
 }

@@ -38,7 +38,7 @@ func TestDestroyForgetsBuildCache(t *testing.T) {
 	if err := store.CreateApp(&App{Name: "demo", Owner: "alice"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.Destroy(context.Background(), "demo"); err != nil {
+	if err := p.Destroy(context.Background(), "demo", io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if len(b.forgot) != 1 || b.forgot[0] != "demo" {

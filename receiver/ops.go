@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +15,11 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
 	"kpush.dev/kpush/deployer"
 	"kpush.dev/kpush/gitserver"
@@ -65,7 +71,7 @@ type AppInfo struct {
 	*App
 	Release *Release `json:"release,omitempty"` // the current release
 	Latest  *Release `json:"latest,omitempty"`  // the newest release, when it is not the current one
-	Status  string   `json:"status"`            // "deployed", "not deployed", "deploying", "last release failed"
+	Status  string   `json:"status"`            // "deployed", "not deployed", "queued", "building", "deploying", "last release failed", "last release cancelled"
 }
 
 // App returns app's record, or an error for people when it does not exist.
@@ -143,9 +149,11 @@ func (p *Pipeline) Info(app string) (*AppInfo, error) {
 		info.Latest = rels[0]
 		switch rels[0].Status {
 		case StatusPending:
-			info.Status = "deploying"
+			info.Status = rels[0].Phase() // queued, building, deploying
 		case StatusFailed:
 			info.Status = "last release failed"
+		case StatusCancelled:
+			info.Status = "last release cancelled"
 		}
 	}
 	return info, nil
@@ -159,8 +167,9 @@ type AppForgetter interface {
 
 // Destroy removes app for good: the running release (when the Deployer implements
 // deployer.Destroyer), the repository with every release's source, the build cache (when the
-// Builder implements AppForgetter), the grants and the state.
-func (p *Pipeline) Destroy(ctx context.Context, app string) error {
+// Builder implements AppForgetter), the grants, the state and the app's images in the
+// registry (deleteImages). What it removed is told to out.
+func (p *Pipeline) Destroy(ctx context.Context, app string, out io.Writer) error {
 	if _, err := p.App(app); err != nil {
 		return err
 	}
@@ -180,6 +189,7 @@ func (p *Pipeline) Destroy(ctx context.Context, app string) error {
 			return p.internal(app, "stopping the app", err)
 		}
 	}
+	images := p.releaseImages(app) // read before the state goes
 	if err := p.Store.RemoveApp(app); err != nil {
 		return p.internal(app, "removing the app's state", err)
 	}
@@ -200,8 +210,93 @@ func (p *Pipeline) Destroy(ctx context.Context, app string) error {
 			return p.internal(app, "removing the app's grants", err)
 		}
 	}
+	if p.Registry != "" {
+		repo := p.Registry + "/" + app
+		n, err := p.deleteImages(ctx, repo, images)
+		switch {
+		case err != nil:
+			fmt.Fprintf(out, "Could not delete the images of %s from the registry (%s); the server log has details\n", app, repo)
+		case n == 0:
+			fmt.Fprintf(out, "No images of %s left in the registry (%s)\n", app, repo)
+		default:
+			fmt.Fprintf(out, "Deleted %d image manifests of %s from the registry (%s); the registry frees their layers at its next garbage collection\n", n, app, repo)
+		}
+	}
 	p.logger().Info("app destroyed", "app", app)
 	return nil
+}
+
+// releaseImages returns the digests of app's release images (they may have no tag left).
+func (p *Pipeline) releaseImages(app string) []string {
+	rels, _ := p.Store.Releases(app)
+	var out []string
+	for _, r := range rels {
+		if _, d, ok := strings.Cut(r.Image, "@"); ok && !slices.Contains(out, d) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// deleteImages deletes from the registry repository repo ("127.0.0.1:5000/kpush/demo") the
+// manifests of every tag (OCI distribution spec: GET /v2/<name>/tags/list, then DELETE
+// /v2/<name>/manifests/<digest>) and of the given digests, and returns how many it deleted. A
+// repository or manifest that is gone already (404), and a registry that does not allow
+// deletes (405 UNSUPPORTED), are logged and skipped. Authentication: RegistryOptions, else
+// the default keychain (~/.docker/config.json).
+func (p *Pipeline) deleteImages(ctx context.Context, repo string, digests []string) (int, error) {
+	log := p.logger().With("repository", repo)
+	r, err := name.NewRepository(repo)
+	if err != nil {
+		log.Error("parsing the app's image repository", "err", err)
+		return 0, err
+	}
+	opts := append([]remote.Option{remote.WithContext(ctx)}, p.RegistryOptions...)
+	if len(p.RegistryOptions) == 0 {
+		opts = append(opts, remote.WithAuthFromKeychain(authn.DefaultKeychain))
+	}
+	skip := func(err error) bool {
+		var te *transport.Error
+		if errors.As(err, &te) && (te.StatusCode == http.StatusNotFound || te.StatusCode == http.StatusMethodNotAllowed) {
+			log.Info("registry: nothing to delete or deletes not supported; skipping", "err", err)
+			return true
+		}
+		return false
+	}
+	tags, err := remote.List(r, opts...)
+	if err != nil && !skip(err) {
+		log.Error("listing the app's image tags", "err", err)
+		return 0, err
+	}
+	for _, t := range tags {
+		d, err := remote.Head(r.Tag(t), opts...)
+		if err != nil {
+			if !skip(err) {
+				log.Warn("reading an image tag", "tag", t, "err", err)
+			}
+			continue
+		}
+		if ds := d.Digest.String(); !slices.Contains(digests, ds) {
+			digests = append(digests, ds)
+		}
+	}
+	n := 0
+	var firstErr error
+	for _, d := range digests {
+		err := remote.Delete(r.Digest(d), opts...)
+		switch {
+		case err == nil:
+			n++
+			log.Info("deleted an image manifest", "digest", d)
+		case skip(err):
+		default:
+			log.Warn("deleting an image manifest", "digest", d, "err", err)
+			if firstErr == nil {
+				firstErr = err
+			}
+		}
+	}
+	return n, firstErr
 }
 
 // Releases lists app's releases, newest first.
@@ -261,8 +356,9 @@ func (p *Pipeline) Rollback(ctx context.Context, app, user string, n int, allowC
 		if allowConfigChange || maps.Equal(cloneEnv(target.Env), cloneEnv(a.Config.Env)) {
 			return nil
 		}
-		return userErrorf("rollback to v%d would change the config of %s (v%d's config vars differ from the current ones), "+
-			"and changing config needs the admin role on %s: ask an admin of %s to run it", n, app, n, app, app)
+		return userErrorf("rollback to v%d would change the config of %s: %s differ between v%d and the current config; "+
+			"changing config needs the admin role on %s. Ask an admin of %s to run:\n  %s rollback %s v%d",
+			n, app, strings.Join(envDiff(target.Env, a.Config.Env), ", "), n, app, app, p.sshHint(), app, n)
 	}
 	if err := configChange(a); err != nil {
 		return nil, err
@@ -278,6 +374,24 @@ func (p *Pipeline) Rollback(ctx context.Context, app, user string, n int, allowC
 		rel.ConfigVersion = p.nextConfigVersion(a)
 		return nil
 	})
+}
+
+// envDiff returns the sorted names whose values differ between a and b (set in one only, or
+// set to different values).
+func envDiff(a, b map[string]string) []string {
+	var out []string
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			out = append(out, k)
+		}
+	}
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // detach returns a context for a config change or rollback that outlives ctx (the SSH

@@ -11,12 +11,16 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"kpush.dev/kpush/buildpack"
 	"kpush.dev/kpush/deployer"
@@ -74,6 +78,9 @@ type Pipeline struct {
 	// Registry is the repository prefix images are published under: an app's images go to
 	// "<Registry>/<app>", e.g. "127.0.0.1:5000/kpush" → "127.0.0.1:5000/kpush/demo".
 	Registry string
+	// RegistryOptions authenticate to Registry when apps:destroy deletes an app's images
+	// (e.g. remote.WithAuth). Nil: the default keychain (~/.docker/config.json).
+	RegistryOptions []remote.Option
 	// WorkDir holds the build contexts (one fresh directory per build, removed afterwards).
 	// Empty means os.TempDir().
 	WorkDir string
@@ -88,7 +95,51 @@ type Pipeline struct {
 	// can let them finish (ops.Tracker.Wait). Nil counts nothing.
 	Inflight *ops.Tracker
 
+	// Addr is the "host:port" people reach the SSH server at (--public-addr, else the SSH
+	// listener's), for hints in messages: remote URLs, "ssh -p PORT git@HOST …". Empty:
+	// HOST stands in.
+	Addr string
+
 	leaseOnce sync.Once
+}
+
+// RemoteURL is the git remote of app on the server people reach at addr (host:port):
+// "ssh://git@127.0.0.1:2222/demo"; HOST stands in for an unknown or unspecified host.
+func RemoteURL(addr, app string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "" {
+		return "ssh://git@HOST/" + app
+	}
+	host = knownHost(host)
+	if port == "22" {
+		if strings.Contains(host, ":") {
+			host = "[" + host + "]"
+		}
+		return "ssh://git@" + host + "/" + app
+	}
+	return "ssh://git@" + net.JoinHostPort(host, port) + "/" + app
+}
+
+// SSHHint is the ssh command line that reaches the server at addr (host:port):
+// "ssh -p 2222 git@127.0.0.1", "ssh git@example.com" on port 22, "ssh git@HOST" when unknown.
+func SSHHint(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "ssh git@HOST"
+	}
+	host = knownHost(host)
+	if port == "22" || port == "" {
+		return "ssh git@" + host
+	}
+	return "ssh -p " + port + " git@" + host
+}
+
+// knownHost is host, or "HOST" when it says nothing to people ("", 0.0.0.0, ::).
+func knownHost(host string) string {
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		return "HOST"
+	}
+	return host
 }
 
 var _ gitserver.Handler = (*Pipeline)(nil)
@@ -122,6 +173,9 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 		switch {
 		case u.Name == branch:
 			deploy = &push.Updates[i]
+		case strings.HasPrefix(u.Name, gitserver.HiddenRefPrefix+"/"):
+			// kpush's own refs: git refuses the update right after (the repository denies
+			// them), so it is not reported as stored.
 		case u.New == gitserver.ZeroID:
 			fmt.Fprintf(out, "-----> Deleted %s\n", u.Name)
 		default:
@@ -221,8 +275,8 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 		if _, ok := errors.AsType[*supersededError](err); ok {
 			result = ops.PushSuperseded
 		}
-		return failf(out, push, "%s\n !     release v%d failed; its source stays fetchable: git fetch <remote> %s",
-			err.Error(), rel.Version, rel.Ref())
+		return failf(out, push, "%s\n !     release v%d failed; its source stays fetchable: git fetch %s %s",
+			err.Error(), rel.Version, RemoteURL(p.Addr, push.App), rel.Ref())
 	}
 	deployed = true
 	result = ops.PushAccepted
@@ -320,9 +374,11 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 	defer tcancel()
 	watched := make(chan struct{})
 	defer close(watched)
-	go p.watchBuild(a.Name, rel, l, ctx, cancelOnDisconnect, cancel, watched)
+	var building atomic.Bool // until the deploy starts: a newer queued push cancels the build
+	building.Store(true)
+	go p.watchBuild(a.Name, rel, l, ctx, cancelOnDisconnect, building.Load, cancel, watched)
 
-	b := &Build{Commit: rel.Commit, Release: rel.Version, User: rel.User, Status: StatusPending}
+	b := &Build{Commit: rel.Commit, Release: rel.Version, User: rel.User, Status: StatusPending, Env: cloneEnv(a.BuildEnv)}
 	if _, err := p.Store.NewBuild(a.Name, b); err != nil {
 		log.Error("recording build", "err", err)
 		p.Metrics.Failure(ops.StageInternal)
@@ -368,6 +424,8 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 		Image:     p.Registry + "/" + a.Name,
 		Env:       proj.Env,
 		Group:     proj.Group,
+		// The serving release's image: the lifecycle reuses its unchanged layers.
+		PreviousImage: p.currentImage(a),
 	}, indent(out))
 	p.Metrics.BuildEnded()
 	if err == nil && bctx.Err() != nil {
@@ -379,6 +437,15 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 		if bres == ops.ResultFailed {
 			p.Metrics.Failure(ops.StageBuild)
 		}
+		cause := context.Cause(bctx)
+		if bctx.Err() != nil && isCancelled(cause) {
+			log.Info("build cancelled", "reason", cause, "duration", time.Since(start))
+			err := p.failAs(log, a.Name, rel, b, logw, StatusCancelled, buildMessage(bctx, err))
+			if se, ok := errors.AsType[*supersededError](cause); ok {
+				return &supersededFailure{err, se}
+			}
+			return err
+		}
 		log.Error("build failed", "err", err, "duration", time.Since(start))
 		return p.fail(log, a.Name, rel, b, logw, buildMessage(bctx, err))
 	}
@@ -388,6 +455,7 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 		log.Error("recording build", "err", err)
 	}
 	rel.Image = res.Image
+	building.Store(false)
 	return p.deployRelease(bctx, log, a.Name, rel, start, out, logw, func(a *App, _ *Release) error {
 		// The image is this build's; the config is the app's as it is now, so that a
 		// config change made during the build is kept.
@@ -399,15 +467,20 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 // fail records rel (and b, if not nil) as failed with reason and returns reason as an error.
 // The reason is first written to logw (the build log), if not nil.
 func (p *Pipeline) fail(log *slog.Logger, app string, rel *Release, b *Build, logw io.Writer, reason string) error {
+	return p.failAs(log, app, rel, b, logw, StatusFailed, reason)
+}
+
+// failAs is fail with the status to record: StatusFailed or StatusCancelled.
+func (p *Pipeline) failAs(log *slog.Logger, app string, rel *Release, b *Build, logw io.Writer, status, reason string) error {
 	if logw != nil {
 		fmt.Fprintf(logw, " !     %s\n", reason)
 	}
-	rel.Status, rel.Reason = StatusFailed, strings.ReplaceAll(reason, "\n !     ", "; ")
+	rel.Status, rel.Reason = status, strings.ReplaceAll(reason, "\n !     ", "; ")
 	if err := p.Store.PutRelease(app, rel); err != nil {
 		log.Error("recording failed release", "err", err)
 	}
 	if b != nil {
-		b.Status, b.Finished = StatusFailed, time.Now().UTC()
+		b.Status, b.Finished = status, time.Now().UTC()
 		if err := p.Store.PutBuild(app, b); err != nil {
 			log.Error("recording failed build", "err", err)
 		}
@@ -457,7 +530,11 @@ func failf(out io.Writer, push *gitserver.Push, format string, args ...any) erro
 // why a cancelled build stopped.
 func buildMessage(ctx context.Context, err error) string {
 	if ctx.Err() != nil {
-		return "build " + context.Cause(ctx).Error()
+		c := context.Cause(ctx)
+		if _, ok := errors.AsType[*supersededError](c); ok {
+			return c.Error() // "v2 not deployed: superseded by v3 (…); its build was cancelled …"
+		}
+		return "build " + c.Error()
 	}
 	var be *buildpack.Error
 	if errors.As(err, &be) && be.Hint != "" {
@@ -471,4 +548,16 @@ func short(oid string) string {
 		return oid[:7]
 	}
 	return oid
+}
+
+// currentImage returns the image of the release app a serves now, or "" when it serves none.
+func (p *Pipeline) currentImage(a *App) string {
+	if a.Current == 0 {
+		return ""
+	}
+	r, err := p.Store.Release(a.Name, a.Current)
+	if err != nil {
+		return ""
+	}
+	return r.Image
 }

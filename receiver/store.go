@@ -31,7 +31,34 @@ const (
 	StatusPending   = "pending"   // building or deploying
 	StatusSucceeded = "succeeded" // serving (or served) traffic
 	StatusFailed    = "failed"    // Reason says why; the previous release kept serving
+	// StatusCancelled: stopped on purpose (builds:cancel, apps:unlock, superseded by a newer
+	// push, the pusher disconnecting with cancel-on-disconnect); Reason says by whom.
+	StatusCancelled = "cancelled"
 )
+
+// Phase is what a release is doing for people: its Status, except that a pending one is
+// "queued" (waiting for the app's running build), "building" or "deploying".
+func (r *Release) Phase() string {
+	if r.Status != StatusPending {
+		return r.Status
+	}
+	switch {
+	case r.DeployAttempted || !(r.Kind == KindPush || r.Kind == KindRebuild):
+		return "deploying"
+	case r.Build > 0:
+		return "building"
+	default:
+		return "queued"
+	}
+}
+
+// Phase is what a build is doing for people: its Status, "building" while it runs.
+func (b *Build) Phase() string {
+	if b.Status == StatusPending {
+		return "building"
+	}
+	return b.Status
+}
 
 // App is an app's record, <data>/state/apps/<app>/app.json.
 type App struct {
@@ -76,8 +103,27 @@ type Release struct {
 	DeployAttempted bool   `json:"deploy_attempted,omitempty"`
 	PushID          string `json:"push_id,omitempty"` // the push that caused it, for the server log
 	// Owner is the kpush process (Store.Owner) that runs the release while it is pending; a
-	// pending release whose owner died counts as interrupted.
-	Owner string `json:"owner,omitempty"`
+	// pending release whose owner died counts as interrupted. Stored and shown as "server"
+	// (records written before are read from "owner"), not to be confused with App.Owner.
+	Owner string `json:"server,omitempty"`
+}
+
+// UnmarshalJSON reads a release, taking its Owner from "owner" in records written before
+// it was named "server".
+func (r *Release) UnmarshalJSON(b []byte) error {
+	type plain Release
+	var v struct {
+		plain
+		Legacy string `json:"owner"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*r = Release(v.plain)
+	if r.Owner == "" {
+		r.Owner = v.Legacy
+	}
+	return nil
 }
 
 // Ref is the immutable ref that keeps the release's source: "refs/kpush/releases/v<N>".
@@ -96,7 +142,30 @@ type Build struct {
 	Status   string    `json:"status"` // StatusPending while it runs
 	Started  time.Time `json:"started"`
 	Finished time.Time `json:"finished,omitzero"`
-	Owner    string    `json:"owner,omitempty"` // the kpush process running it (Release.Owner)
+	Owner    string    `json:"server,omitempty"` // the kpush process running it (Release.Owner)
+	// Env is the app's build env (build-env:set values) the build ran with, kept so that they
+	// stay redacted from what readers see after they were changed or unset (project.toml's
+	// values are in the repository, readable anyway). Admins only; the record is 0600 like
+	// every state file.
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// UnmarshalJSON reads a build, taking its Owner from "owner" in records written before it
+// was named "server".
+func (b *Build) UnmarshalJSON(data []byte) error {
+	type plain Build
+	var v struct {
+		plain
+		Legacy string `json:"owner"`
+	}
+	if err := json.Unmarshal(data, &v); err != nil {
+		return err
+	}
+	*b = Build(v.plain)
+	if b.Owner == "" {
+		b.Owner = v.Legacy
+	}
+	return nil
 }
 
 // QueueEntry is the one push (or rebuild) of an app waiting for the app's running build,
@@ -117,6 +186,7 @@ type CancelRequest struct {
 	Release int       `json:"release"`
 	User    string    `json:"user"`
 	At      time.Time `json:"at"`
+	Via     string    `json:"via,omitempty"` // the command: "builds:cancel" (also when empty) or "apps:unlock"
 }
 
 // ErrNoApp is returned (wrapped) for an app without state.

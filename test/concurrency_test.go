@@ -392,10 +392,10 @@ func (s *server) killHard(t *testing.T) {
 }
 
 // TestDevLeaseOfKilledServerExpires is must-show 4: kpush is killed with SIGKILL while a
-// push holds the app's lease; restarted on the same data dir, a new push waits at most the
-// lease TTL for the dead holder's lease and succeeds.
+// push holds the app's lease; restarted on the same data dir, a new push does not wait for
+// the dead holder's lease (its pid is gone from this host) and succeeds.
 func TestDevLeaseOfKilledServerExpires(t *testing.T) {
-	const ttl = 8 * time.Second
+	const ttl = 2 * time.Minute // long: waiting it out would fail the test
 	g := newGate(t)
 	s, _, env := devServer(t, "--lease-ttl", ttl.String(), "--buildpack", filepath.Join("testdata", "buildpacks", "gate"))
 	work := workTree(t, env, "static")
@@ -422,10 +422,13 @@ func TestDevLeaseOfKilledServerExpires(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("push after the restart exited %d:\n%s", r.code, r.out)
 	}
-	mustContain(t, r.out, "queued behind build #2 by alice") // the dead server's lease
-	// The dead holder's lease held the app until its TTL ran out, no longer.
-	if took := time.Since(killed); took > ttl+2*normal+10*time.Second {
-		t.Errorf("push after the restart finished %s after the kill; want within the TTL %s plus a normal push (%s)", took, ttl, normal)
+	// The dead server's lease names a pid of this host that is gone: it is free at once, not
+	// after its TTL (dev mode's file leases).
+	if strings.Contains(r.out, "queued behind") {
+		t.Errorf("push after the restart waited for the dead server's lease:\n%s", r.out)
+	}
+	if took := time.Since(killed); took > 2*normal+20*time.Second {
+		t.Errorf("push after the restart finished %s after the kill; want at once (a normal push takes %s)", took, normal)
 	}
 	var rels []release
 	kpushJSON(t, s2, &rels, "releases", "static", "--json")

@@ -8,9 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -127,6 +129,12 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 		return err
 	}
 	p.Repos = srv
+	if p.Addr == "" { // for hints in messages: remote URLs, "ssh -p PORT git@HOST apps:unlock APP"
+		p.Addr = c.PublicAddr
+		if p.Addr == "" {
+			p.Addr = c.SSHAddr
+		}
+	}
 	l, err := net.Listen("tcp", c.SSHAddr)
 	if err != nil {
 		return fmt.Errorf("listening for SSH: %w", err)
@@ -142,9 +150,22 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 		return err
 	case <-ctx.Done():
 	}
-	log.Info("shutting down: running pushes and builds may finish", "grace", c.Grace, "running", p.Inflight.Running())
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.Grace)
 	defer cancel()
+	// The first SIGINT/SIGTERM ended ctx; a second one stops at once.
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(again)
+	go func() {
+		select {
+		case sig := <-again:
+			log.Warn("second signal: stopping now; running builds are abandoned", "signal", sig.String())
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
+	log.Info(fmt.Sprintf("stopping; builds may finish for %s; press Ctrl-C again to stop now", c.Grace),
+		"grace", c.Grace, "running", p.Inflight.Running())
 	if err := srv.Shutdown(sctx); err != nil {
 		log.Warn("SSH connections still open at the shutdown deadline; closing them", "err", err)
 		srv.Close()

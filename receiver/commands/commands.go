@@ -55,6 +55,7 @@ func (h *Handler) RunCommand(ctx context.Context, c *gitserver.Command) int {
 	if err == nil {
 		return 0
 	}
+	err = inv.hideApps(err)
 	fmt.Fprintln(c.Stderr, strings.TrimRight(err.Error(), "\n"))
 	if !inv.ran {
 		fmt.Fprintf(c.Stderr, "run `%s help` for the list of commands, `%s help COMMAND` for one\n", h.ssh(), h.ssh())
@@ -107,10 +108,65 @@ func (inv *invocation) root() *cobra.Command {
 	)
 	if inv.h.Access != nil {
 		for _, c := range inv.h.Access.Commands(inv.user) {
+			inv.adapt(c)
 			root.AddCommand(c)
 		}
 	}
 	return root
+}
+
+// adapt gives an access command (gitserver/access) this tree's argument errors, which name
+// the arguments and carry the usage line, from its Use ("apps:grant APP USER ROLE": three
+// required); apps:revoke also refuses to take the last admin of an app away from themselves.
+func (inv *invocation) adapt(c *cobra.Command) {
+	var required []string
+	for _, f := range strings.Fields(c.Use)[1:] {
+		if !strings.HasPrefix(f, "[") {
+			required = append(required, f)
+		}
+	}
+	c.Args = args(required, 0)
+	if c.Name() == "apps:revoke" && c.RunE != nil {
+		run := c.RunE
+		c.RunE = func(cmd *cobra.Command, a []string) error {
+			if err := inv.lastAdmin(a[0], a[1]); err != nil {
+				return err
+			}
+			return run(cmd, a)
+		}
+	}
+}
+
+// grantLister is the part of *access.Store that lastAdmin reads.
+type grantLister interface {
+	Grants(app string) []access.Grant
+	User(name string) (access.User, error)
+}
+
+// lastAdmin refuses to revoke user's role on app when user is the app's only admin by grant
+// and the caller is not a server admin (who keeps every role anyway): nobody but server admins
+// could manage the app after it.
+func (inv *invocation) lastAdmin(app, user string) error {
+	gl, ok := inv.h.Access.(grantLister)
+	if !ok {
+		return nil
+	}
+	if me, err := gl.User(inv.user); err != nil || me.Admin {
+		return nil
+	}
+	admins := 0
+	isAdmin := false
+	for _, g := range gl.Grants(app) {
+		if g.Role == access.RoleAdmin {
+			admins++
+			isAdmin = isAdmin || g.User == user
+		}
+	}
+	if !isAdmin || admins > 1 {
+		return nil
+	}
+	return fmt.Errorf("%s is the last admin of %s, and nobody but server admins could manage it afterwards; "+
+		"first make someone else admin:\n  %s apps:grant %s USER admin\nor ask a server admin to run the revoke", user, app, inv.h.ssh(), app)
 }
 
 func init() {
@@ -125,7 +181,9 @@ func init() {
 	})
 }
 
-// need checks the caller's role on app.
+// need checks the caller's role on app. A caller with no role on it at all is told that
+// there is no such app or they have no role on it: whether an app exists is not revealed to
+// people who may not read it (hideApps).
 func (inv *invocation) need(app string, role access.Role) error {
 	if err := gitserver.ValidAppName(app); err != nil {
 		return err
@@ -133,7 +191,22 @@ func (inv *invocation) need(app string, role access.Role) error {
 	if inv.h.Access == nil {
 		return nil
 	}
-	return inv.h.Access.Authorize(inv.user, app, role)
+	return inv.hideApps(inv.h.Access.Authorize(inv.user, app, role))
+}
+
+// hideApps turns an *access.DeniedError (also from the access commands) about an app the
+// caller has no role on into "no app named APP, or you (USER) have no role on it"; a caller with a
+// lesser role keeps the message naming the role they lack.
+func (inv *invocation) hideApps(err error) error {
+	denied, ok := errors.AsType[*access.DeniedError](err)
+	if !ok || inv.h.Access == nil || denied.User != inv.user {
+		return err
+	}
+	if inv.h.Access.Authorize(inv.user, denied.App, access.RoleRead) == nil {
+		return err
+	}
+	return fmt.Errorf("no app named %s, or you (%s) have no role on it; `%s apps` lists yours. If it exists, an admin of it can run: apps:grant %s %s %s",
+		denied.App, inv.user, inv.h.ssh(), denied.App, inv.user, denied.Need)
 }
 
 // isAdmin reports whether the caller may see app's config values.
@@ -145,7 +218,8 @@ func args(required []string, optional int) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, a []string) error {
 		switch {
 		case len(a) < len(required):
-			return fmt.Errorf("%s: missing %s\nusage: %s", cmd.Name(), strings.Join(required[len(a):], " "), sshUse(cmd))
+			return fmt.Errorf("%s needs %s (missing %s); usage: %s", cmd.Name(), strings.Join(required, " "),
+				strings.Join(required[len(a):], " "), sshUse(cmd))
 		case optional >= 0 && len(a) > len(required)+optional:
 			return fmt.Errorf("%s: unexpected argument %q\nusage: %s", cmd.Name(), a[len(required)+optional], sshUse(cmd))
 		}
@@ -227,6 +301,8 @@ func (inv *invocation) view(a *receiver.App) *appView {
 
 // releaseView is r as the caller may see it: readers see neither config values nor any of
 // them quoted in the failure reason (an app that printed its env as it crashed).
+// Tables show its Phase ("building" rather than "pending" while it runs); JSON keeps the
+// stored Status.
 func (inv *invocation) releaseView(app string, r *receiver.Release) *receiver.Release {
 	if r == nil || inv.isAdmin(app) {
 		return r
@@ -234,6 +310,15 @@ func (inv *invocation) releaseView(app string, r *receiver.Release) *receiver.Re
 	c := *r
 	c.Env = redactEnv(c.Env)
 	c.Reason = redact(c.Reason, inv.secretsOf(app))
+	return &c
+}
+
+// buildView is b as the caller may see it: readers see no build env values.
+func (inv *invocation) buildView(app string, b *receiver.Build) *receiver.Build {
+	c := *b
+	if !inv.isAdmin(app) {
+		c.Env = redactEnv(c.Env)
+	}
 	return &c
 }
 
@@ -259,7 +344,7 @@ func (inv *invocation) apps() *cobra.Command {
 			return printJSON(cmd.OutOrStdout(), views)
 		}
 		if len(views) == 0 {
-			fmt.Fprintln(cmd.OutOrStdout(), "no apps yet; git push to ssh://git@HOST/APP or run apps:create APP")
+			fmt.Fprintf(cmd.OutOrStdout(), "no apps yet; git push to %s or run: %s apps:create APP\n", remoteURL(inv.addr, "APP"), inv.h.ssh())
 			return nil
 		}
 		w := table(cmd.OutOrStdout())
@@ -329,7 +414,7 @@ func (inv *invocation) appsInfo() *cobra.Command {
 		}
 		fmt.Fprintf(w, "Status:\t%s\n", v.Status)
 		if r := v.Latest; r != nil {
-			fmt.Fprintf(w, "Latest:\tv%d %s: %s %s\n", r.Version, r.Description, r.Status, r.Reason)
+			fmt.Fprintf(w, "Latest:\tv%d %s: %s %s\n", r.Version, r.Description, r.Phase(), r.Reason)
 		}
 		fmt.Fprintf(w, "URL:\t%s\n", orDash(v.URL))
 		fmt.Fprintf(w, "Config:\tv%d (%d vars)\n", v.Config.Version, len(v.Config.Env))
@@ -343,7 +428,7 @@ func (inv *invocation) appsInfo() *cobra.Command {
 func (inv *invocation) appsDestroy() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "apps:destroy APP --confirm APP",
-		Short: "Delete an app for good: the running release, the repository with every release's source, grants, releases, builds, config",
+		Short: "Delete an app for good: the running release, the repository with every release's source, its images in the registry, grants, releases, builds, config",
 		Args:  args([]string{"APP"}, 0),
 	}
 	confirm := cmd.Flags().String("confirm", "", "the app's name again, to confirm")
@@ -358,7 +443,7 @@ func (inv *invocation) appsDestroy() *cobra.Command {
 		if *confirm != a[0] {
 			return fmt.Errorf("apps:destroy deletes %s with its repository and every release; to confirm, run:\n  %s apps:destroy %s --confirm %s", a[0], inv.h.ssh(), a[0], a[0])
 		}
-		if err := inv.h.Apps.Destroy(cmd.Context(), a[0]); err != nil {
+		if err := inv.h.Apps.Destroy(cmd.Context(), a[0], cmd.OutOrStdout()); err != nil {
 			return err
 		}
 		fmt.Fprintf(cmd.OutOrStdout(), "Destroyed %s\n", a[0])
@@ -404,7 +489,7 @@ func (inv *invocation) releases() *cobra.Command {
 			if r.Version == app.Current {
 				mark = "current"
 			}
-			status := r.Status
+			status := r.Phase()
 			if r.Reason != "" {
 				status += ": " + firstLine(r.Reason)
 			}
@@ -447,12 +532,12 @@ func (inv *invocation) releasesInfo() *cobra.Command {
 		fmt.Fprintf(w, "=== %s v%d\n", a[0], r.Version)
 		fmt.Fprintf(w, "Description:\t%s\n", r.Description)
 		fmt.Fprintf(w, "Kind:\t%s\n", r.Kind)
-		fmt.Fprintf(w, "Status:\t%s\n", r.Status)
+		fmt.Fprintf(w, "Status:\t%s\n", r.Phase())
 		if r.Reason != "" {
 			fmt.Fprintf(w, "Reason:\t%s\n", strings.ReplaceAll(r.Reason, "\n", " "))
 		}
 		if r.Commit != "" && inv.h.Apps.HasReleaseRef(a[0], r.Version) {
-			fmt.Fprintf(w, "Commit:\t%s (git fetch <remote> %s)\n", r.Commit, r.Ref())
+			fmt.Fprintf(w, "Commit:\t%s (git fetch %s %s)\n", r.Commit, remoteURL(inv.addr, a[0]), r.Ref())
 		} else {
 			fmt.Fprintf(w, "Commit:\t%s\n", orDash(r.Commit))
 		}
@@ -661,9 +746,11 @@ func (inv *invocation) builds() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		if bs == nil {
-			bs = []*receiver.Build{}
+		views := []*receiver.Build{}
+		for _, b := range bs {
+			views = append(views, inv.buildView(a[0], b))
 		}
+		bs = views
 		if *asJSON {
 			return printJSON(cmd.OutOrStdout(), bs)
 		}
@@ -678,7 +765,7 @@ func (inv *invocation) builds() *cobra.Command {
 			if !b.Finished.IsZero() {
 				took = b.Finished.Sub(b.Started).Round(100 * time.Millisecond).String()
 			}
-			fmt.Fprintf(w, "#%d\tv%d\t%s\t%s\t%s\t%s\t%s\n", b.Number, b.Release, short(b.Commit), b.Status, b.User, stamp(b.Started), took)
+			fmt.Fprintf(w, "#%d\tv%d\t%s\t%s\t%s\t%s\t%s\n", b.Number, b.Release, short(b.Commit), b.Phase(), b.User, stamp(b.Started), took)
 		}
 		return w.Flush()
 	}
@@ -739,14 +826,15 @@ func (inv *invocation) buildsCancel() *cobra.Command {
 
 func (inv *invocation) appsUnlock() *cobra.Command {
 	return &cobra.Command{
-		Use:   "apps:unlock APP",
-		Short: "Free an app's build lease whoever holds it (a crashed server's lease also expires by itself)",
-		Args:  args([]string{"APP"}, 0),
+		Use: "apps:unlock APP",
+		Short: "Free an app's build lease whoever holds it and cancel the build holding it (its push is rejected); " +
+			"a crashed server's lease also expires by itself",
+		Args: args([]string{"APP"}, 0),
 		RunE: func(cmd *cobra.Command, a []string) error {
 			if err := inv.need(a[0], access.RoleAdmin); err != nil {
 				return err
 			}
-			h, held, err := inv.h.Apps.Unlock(cmd.Context(), a[0])
+			_, held, who, err := inv.h.Apps.Unlock(cmd.Context(), a[0], inv.user)
 			if err != nil {
 				return err
 			}
@@ -754,8 +842,8 @@ func (inv *invocation) appsUnlock() *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "%s was not locked; nothing to do\n", a[0])
 				return nil
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "Unlocked %s: its lease was held by %s (%s) since %s; that build is cancelled if its server is alive\n",
-				a[0], h.Holder, orDash(h.Note), stamp(h.Acquired))
+			fmt.Fprintf(cmd.OutOrStdout(), "Unlocked %s: its lease was held by %s; that build is cancelled within a second "+
+				"(its pusher is told you ran apps:unlock) unless its server is gone\n", a[0], who)
 			return nil
 		},
 	}

@@ -2,10 +2,11 @@ package commands
 
 import (
 	"fmt"
-	"net"
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"kpush.dev/kpush/receiver"
 )
 
 // help is `help [COMMAND]`: cobra's own prints "Unknown help topic" and exits 0.
@@ -28,21 +29,4 @@ func (inv *invocation) help() *cobra.Command {
 
 // remoteURL is the git remote of app on the server the client reached at addr (host:port):
 // "ssh://git@127.0.0.1:2222/demo", with HOST for an unknown address.
-func remoteURL(addr, app string) string {
-	host, port, err := net.SplitHostPort(addr)
-	switch {
-	case err != nil || host == "":
-		return "ssh://git@HOST/" + app
-	case port == "22":
-		return "ssh://git@" + bracket(host) + "/" + app
-	default:
-		return "ssh://git@" + net.JoinHostPort(host, port) + "/" + app
-	}
-}
-
-func bracket(host string) string {
-	if strings.Contains(host, ":") {
-		return "[" + host + "]"
-	}
-	return host
-}
+func remoteURL(addr, app string) string { return receiver.RemoteURL(addr, app) }

@@ -17,8 +17,10 @@ const minSecretLen = 4
 const hiddenValue = "[hidden]"
 
 // secretsOf returns the values readers of app must not see quoted in reasons and build
-// logs: those of its current config and build env and of every release's config snapshot
-// (at least minSecretLen long), longest first. Computed once per invocation and app.
+// logs: those of its current config and build env, of every release's config snapshot and of
+// every build's build env (so that a build-env value unset or rotated since stays hidden in
+// old build logs), at least minSecretLen long, longest first. Computed once per invocation
+// and app.
 func (inv *invocation) secretsOf(app string) []string {
 	if v, ok := inv.secrets[app]; ok {
 		return v
@@ -38,6 +40,11 @@ func (inv *invocation) secretsOf(app string) []string {
 	if rels, err := inv.h.Apps.Releases(app); err == nil {
 		for _, r := range rels {
 			add(r.Env)
+		}
+	}
+	if bs, err := inv.h.Apps.Builds(app); err == nil {
+		for _, b := range bs {
+			add(b.Env)
 		}
 	}
 	out := slices.SortedFunc(maps.Keys(set), func(a, b string) int {

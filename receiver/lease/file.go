@@ -19,6 +19,9 @@ import (
 // for its few microseconds only, so the lease itself is the TTL'd record, exactly as with
 // NewKube: a killed process leaves a record that expires after the TTL (the kernel drops its
 // flock at once), and Break deletes the record. Acquire polls (no change notification).
+// Unlike the other stores, a record whose holder is a process of this host that is gone
+// (ProcessGone: a crashed dev server) is free at once: the processes sharing a data directory
+// run on one machine, where a dead pid is certain.
 func NewFile(dir string, opts ...Option) (*Manager, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating lease directory: %w", err)
@@ -32,6 +35,8 @@ type fileRecord struct {
 	Version int64 `json:"version"`
 	Info
 }
+
+func (s *fileStore) holderDead(holder string) bool { return ProcessGone(holder) }
 
 func (s *fileStore) where(app string) string { return "lease file " + s.path(app) }
 

@@ -24,8 +24,10 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -188,6 +190,7 @@ func newManager(st store, opts []Option, roundTTL func(time.Duration) time.Durat
 	if m.id == "" {
 		m.id = ProcessIdentity()
 	}
+	identities.Store(m.id, true)
 	return m
 }
 
@@ -236,7 +239,8 @@ func (m *Manager) Acquire(ctx context.Context, app, note string, waiting func(In
 				seenVersion, seenSince = version, now
 			}
 			stuck := cur.Holder != "" && now.Sub(seenSince) >= cur.TTL
-			if !cur.Expired(now) && !stuck {
+			dead := m.holderDead(cur)
+			if !cur.Expired(now) && !stuck && !dead {
 				if cur.Holder != lastHolder {
 					lastHolder, poll = cur.Holder, minPoll
 					log.Debug("lease held, waiting", "by", cur.Holder, "note", cur.Note, "expires_at", cur.ExpiresAt())
@@ -252,7 +256,10 @@ func (m *Manager) Acquire(ctx context.Context, app, note string, waiting func(In
 				}
 				continue
 			}
-			if cur.Holder != "" {
+			switch {
+			case dead && !cur.Expired(now):
+				log.Info("taking over the lease of a dead process on this host", "from", cur.Holder, "note", cur.Note)
+			case cur.Holder != "":
 				log.Info("taking over expired lease", "from", cur.Holder, "note", cur.Note, "renewed", cur.Renewed, "ttl", cur.TTL)
 			}
 			next = Info{App: app, Holder: id, Note: note, Acquired: now, Renewed: now, TTL: m.ttl, Transitions: cur.Transitions + 1}
@@ -299,7 +306,53 @@ func (m *Manager) Holder(ctx context.Context, app string) (Info, bool, error) {
 	if err != nil {
 		return Info{}, false, fmt.Errorf("reading %s: %w", m.st.where(app), err)
 	}
-	return cur, !cur.Expired(time.Now()), nil
+	return cur, !cur.Expired(time.Now()) && !m.holderDead(cur), nil
+}
+
+// deadHolders is implemented by stores whose holders all run on one machine (NewFile): a
+// lease whose holder process is known to be gone is free at once, without waiting out its TTL.
+type deadHolders interface {
+	holderDead(holder string) bool
+}
+
+// holderDead reports whether the store knows i's holder process to be gone.
+func (m *Manager) holderDead(i Info) bool {
+	d, ok := m.st.(deadHolders)
+	return ok && i.Holder != "" && d.holderDead(i.Holder)
+}
+
+// identities holds the identity of every Manager of this process (newManager).
+var identities sync.Map
+
+// ProcessGone reports whether holder, a holder identity ("<hostname>_<pid>_<random>#<n>",
+// ProcessIdentity plus Acquire's suffix), names a process of this host that no longer runs:
+// its pid does not exist (kill(pid, 0) fails with ESRCH), or it is this process's pid under
+// an identity no Manager of this process has (a restarted process that got the same pid, as
+// pid 1 of a restarted container). A holder of another host, or an identity of another form,
+// is not known to be gone.
+func ProcessGone(holder string) bool {
+	id, _, _ := strings.Cut(holder, "#")
+	i := strings.LastIndexByte(id, '_')
+	if i < 0 {
+		return false
+	}
+	j := strings.LastIndexByte(id[:i], '_')
+	if j < 0 {
+		return false
+	}
+	host, pidText := id[:j], id[j+1:i]
+	pid, err := strconv.Atoi(pidText)
+	if err != nil || pid <= 0 {
+		return false
+	}
+	if me, err := os.Hostname(); err != nil || me != host {
+		return false
+	}
+	if pid == os.Getpid() {
+		_, mine := identities.Load(id)
+		return !mine
+	}
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
 // Break implements Locker: it deletes app's lease record.
