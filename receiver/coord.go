@@ -151,7 +151,8 @@ func (p *Pipeline) holderMessage(app string, h lease.Info) string {
 func (p *Pipeline) sshHint() string { return SSHHint(p.Addr) }
 
 // holdBuild queues rel (stored, pending) for app's build lease and returns the lease once
-// held. It fails with a *supersededError when a newer push replaced rel in the queue, or
+// held. It fails with a *supersededError when a newer push replaced rel in the queue or took
+// the lease before it, or
 // with ctx's cause when ctx ends first (the pusher went away): rel then leaves the queue.
 // While it waits it tells out what it waits for.
 func (p *Pipeline) holdBuild(ctx context.Context, log *slog.Logger, app string, rel *Release, out io.Writer) (*lease.Lease, error) {
@@ -207,11 +208,22 @@ func (p *Pipeline) holdBuild(ctx context.Context, log *slog.Logger, app string, 
 			}
 			return r.l, nil
 		case h := <-held:
+			v, ok := parseLeaseNote(h.Note)
+			if ok && v > rel.Version {
+				// A newer push took the lease while this one waited (it left the queue as it
+				// did): this one could never be deployed after it.
+				se := &supersededError{Version: v}
+				if r, err := p.Store.Release(app, v); err == nil {
+					se.Commit, se.User = r.Commit, r.User
+				}
+				cancel(se)
+				continue
+			}
 			fmt.Fprintf(out, "-----> v%d queued behind %s\n", rel.Version, p.holderMessage(app, h))
-			if v, ok := parseLeaseNote(h.Note); ok && v < rel.Version {
+			if ok && v < rel.Version {
 				fmt.Fprintf(out, "       v%d would not be deployed after this newer push: its build is cancelled (a deploy in progress finishes)\n", v)
 			}
-			fmt.Fprintf(out, "       a newer push replaces this one in the queue\n")
+			fmt.Fprintf(out, "       a newer push would replace this one in the queue\n")
 		case <-tick.C:
 			q, err := p.Store.Queued(app)
 			if err != nil {

@@ -3,8 +3,10 @@ package receiver
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -218,4 +220,48 @@ func (f baseDeployerFunc) Deploy(ctx context.Context, r deployer.Release, out io
 
 func (f baseDeployerFunc) DeployFrom(ctx context.Context, base, r deployer.Release, out io.Writer) (string, error) {
 	return f(ctx, base, r, out)
+}
+
+// TestQueuedPushSupersededByNewerLeaseHolder: a push waiting for the build lease is
+// superseded, not left waiting, when a newer push takes the lease first (the newer one left
+// the queue as it took it, so the queue alone no longer says so).
+func TestQueuedPushSupersededByNewerLeaseHolder(t *testing.T) {
+	store, err := OpenStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Pipeline{Store: store}
+	ctx := context.Background()
+	if err := store.CreateApp(&App{Name: "demo"}); err != nil {
+		t.Fatal(err)
+	}
+	newer := &Release{Kind: KindPush, Commit: strings.Repeat("9", 40), User: "carol"}
+	if _, err := store.NewRelease("demo", newer); err != nil {
+		t.Fatal(err)
+	}
+	l, err := p.leases().Acquire(ctx, "demo", leaseNote(&Release{Version: newer.Version + 1, User: "carol", Commit: newer.Commit}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release(ctx)
+	// newer.Version+1 holds the lease; an older release waits for it.
+	older := &Release{Version: newer.Version, Commit: strings.Repeat("8", 40), User: "bob"}
+	out := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.holdBuild(ctx, slog.New(slog.DiscardHandler), "demo", older, out)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		var se *supersededError
+		if !errors.As(err, &se) || se.Version != newer.Version+1 {
+			t.Fatalf("holdBuild = %v, want superseded by v%d", err, newer.Version+1)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the older push still waits behind the newer lease holder:\n%s", out.String())
+	}
+	if strings.Contains(out.String(), "queued behind") {
+		t.Errorf("told to wait behind a push that supersedes it:\n%s", out.String())
+	}
 }
