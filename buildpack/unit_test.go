@@ -519,7 +519,7 @@ func TestGoBuildpackScriptMainPackage(t *testing.T) {
 }
 
 // runGoScript runs kpush/go's bin/build with the go-cache layer pointing at a shared dir.
-func runGoScript(t *testing.T, app, gocache string) (string, string, error) {
+func runGoScript(t *testing.T, app, gocache string, env ...string) (string, string, error) {
 	t.Helper()
 	bpDir := t.TempDir()
 	for _, fsys := range BuiltinBuildpacks() {
@@ -533,9 +533,33 @@ func runGoScript(t *testing.T, app, gocache string) (string, string, error) {
 	}
 	cmd := exec.Command(filepath.Join(bpDir, "bin", "build"), layers, t.TempDir(), "plan.toml")
 	cmd.Dir = app
-	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOPROXY=off")
+	cmd.Env = append(append(os.Environ(), "GOFLAGS=", "GOPROXY=off"), env...)
 	out, err := cmd.CombinedOutput()
 	return layers, string(out), err
+}
+
+// An app's own -ldflags in GOFLAGS (build-env or project.toml) reaches the linker: the
+// buildpack's default -ldflags would override it on the command line.
+func TestGoScriptKeepsAppLdflags(t *testing.T) {
+	app := writeTree(t, map[string]string{
+		"go.mod":  "module example.com/ver\n",
+		"main.go": "package main\n\nimport \"fmt\"\n\nvar version = \"dev\"\n\nfunc main() { fmt.Print(version) }\n",
+	})
+	for _, tt := range []struct {
+		goflags, want string
+	}{
+		{"", "dev"},
+		{"-ldflags=-X=main.version=1.2.3", "1.2.3"},
+	} {
+		layers, out, err := runGoScript(t, app, t.TempDir(), "GOFLAGS="+tt.goflags)
+		if err != nil {
+			t.Fatalf("GOFLAGS=%q: %v\n%s", tt.goflags, err, out)
+		}
+		got, err := exec.Command(filepath.Join(layers, "app", "bin", "ver")).Output()
+		if err != nil || string(got) != tt.want {
+			t.Errorf("GOFLAGS=%q: binary prints %q (%v), want %q", tt.goflags, got, err, tt.want)
+		}
+	}
 }
 
 func TestLockAppWaitsAndHonoursContext(t *testing.T) {
