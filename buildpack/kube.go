@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -89,16 +88,9 @@ func (k *Kube) Build(ctx context.Context, req Request, out io.Writer) (Result, e
 	if k.Client == nil || k.Sources == nil || k.SourceURL == "" || k.Namespace == "" {
 		return Result{}, errors.New("buildpack.Kube: Client, Namespace, Sources and SourceURL are required")
 	}
-	repo, err := name.NewRepository(req.Image)
-	if err != nil {
-		return Result{}, fmt.Errorf("parsing image repository %q: %w", req.Image, err)
-	}
-	previous, noPrevious, err := previousImage(repo, req.PreviousImage)
+	repo, previous, noPrevious, err := outputRepository(req, log)
 	if err != nil {
 		return Result{}, err
-	}
-	if noPrevious == msgPreviousElsewhere {
-		log.Warn("previous image is in another repository: not reusing its layers", "previous_image", req.PreviousImage, "repository", repo.String())
 	}
 	tag := newTag(time.Now())
 	podName := "kpush-build-" + req.App + "-" + tag

@@ -23,7 +23,6 @@ import (
 
 	"github.com/BurntSushi/toml"
 	"github.com/google/go-containerregistry/pkg/authn"
-	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"kpush.dev/kpush/internal/tools"
@@ -123,16 +122,9 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 	if l.DataDir == "" {
 		return Result{}, errors.New("buildpack.Local: DataDir is empty")
 	}
-	repo, err := name.NewRepository(req.Image)
-	if err != nil {
-		return Result{}, fmt.Errorf("parsing image repository %q: %w", req.Image, err)
-	}
-	previous, noPrevious, err := previousImage(repo, req.PreviousImage)
+	repo, previous, noPrevious, err := outputRepository(req, log)
 	if err != nil {
 		return Result{}, err
-	}
-	if noPrevious == msgPreviousElsewhere {
-		log.Warn("previous image is in another repository: not reusing its layers", "previous_image", req.PreviousImage, "repository", repo.String())
 	}
 	bin := map[string]string{}
 	for _, t := range []string{"bwrap", "lifecycle", "launcher"} {

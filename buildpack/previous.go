@@ -2,6 +2,7 @@ package buildpack
 
 import (
 	"fmt"
+	"log/slog"
 
 	"github.com/google/go-containerregistry/pkg/name"
 )
@@ -13,6 +14,21 @@ const (
 	msgPreviousElsewhere = "No previous image in this repository (the last release's image is elsewhere): no layers reused"
 	analyzerNotFoundLine = "Image with name %q not found" // phase/analyzer.go, lifecycle v0.20.4
 )
+
+// outputRepository parses req.Image, the repository a build publishes to, and checks
+// req.PreviousImage against it (previousImage), logging when a previous image in another
+// repository is left out.
+func outputRepository(req Request, log *slog.Logger) (repo name.Repository, previous, noPrevious string, err error) {
+	repo, err = name.NewRepository(req.Image)
+	if err != nil {
+		return repo, "", "", fmt.Errorf("parsing image repository %q: %w", req.Image, err)
+	}
+	previous, noPrevious, err = previousImage(repo, req.PreviousImage)
+	if err == nil && noPrevious == msgPreviousElsewhere {
+		log.Warn("previous image is in another repository: not reusing its layers", "previous_image", req.PreviousImage, "repository", repo.String())
+	}
+	return repo, previous, noPrevious, err
+}
 
 // previousImage checks Request.PreviousImage against the output repository. It returns the
 // reference to pass as -previous-image ("" for none) and the line to print in place of the

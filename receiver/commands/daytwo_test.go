@@ -1,7 +1,6 @@
 package commands
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"os"
@@ -9,7 +8,6 @@ import (
 	"testing"
 
 	"kpush.dev/kpush/deployer"
-	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/gitserver/access"
 	"kpush.dev/kpush/receiver"
 )
@@ -87,14 +85,7 @@ func TestDayTwo(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tests := []struct {
-		name           string
-		user           string
-		args           []string
-		code           int
-		stdout, stderr string
-		notOut, notErr []string
-	}{
+	tests := []cmdCase{
 		{"reader: old build-env value hidden in the log", "rita", []string{"builds:output", "demo", "1"}, 0,
 			"probe: BTOKEN=[hidden]", "", []string{btoken}, nil},
 		{"reader: build env hidden in builds --json", "rita", []string{"builds", "demo", "--json"}, 0,
@@ -127,32 +118,7 @@ func TestDayTwo(t *testing.T) {
 			"solo is the last admin of lonely", nil, nil},
 		{"a server admin can", "root", []string{"apps:revoke", "lonely", "solo"}, 0, "solo no longer has a role on lonely", "", nil, nil},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			code := h.RunCommand(ctx, &gitserver.Command{User: tt.user, Args: tt.args, Addr: "127.0.0.1:2345",
-				Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr})
-			if code != tt.code {
-				t.Errorf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.code, stdout.String(), stderr.String())
-			}
-			if !strings.Contains(stdout.String(), tt.stdout) {
-				t.Errorf("stdout lacks %q:\n%s", tt.stdout, stdout.String())
-			}
-			if !strings.Contains(stderr.String(), tt.stderr) {
-				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr.String())
-			}
-			for _, n := range tt.notOut {
-				if strings.Contains(stdout.String(), n) {
-					t.Errorf("stdout has %q:\n%s", n, stdout.String())
-				}
-			}
-			for _, n := range tt.notErr {
-				if strings.Contains(stderr.String(), n) {
-					t.Errorf("stderr has %q:\n%s", n, stderr.String())
-				}
-			}
-		})
-	}
+	runCmdCases(t, ctx, h, tests)
 }
 
 func writeFile(path, body string) error {

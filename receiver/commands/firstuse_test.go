@@ -87,14 +87,7 @@ func TestFirstUse(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	tests := []struct {
-		name           string
-		user           string
-		args           []string
-		code           int
-		stdout, stderr string   // fragments wanted
-		notOut, notErr []string // fragments that must not appear
-	}{
+	tests := []cmdCase{
 		{"reader: release reason redacted", "rita", []string{"releases:info", "demo", "v3"}, 0,
 			"TOKEN=[hidden] N=1 OLD=[hidden]", "", []string{secret, oldSecret}, nil},
 		{"reader: release list redacted", "rita", []string{"releases", "demo"}, 0, "TOKEN=[hidden]", "", []string{secret, oldSecret}, nil},
@@ -118,32 +111,7 @@ func TestFirstUse(t *testing.T) {
 		{"create prints the real remote", "ann", []string{"apps:create", "fresh"}, 0,
 			"git remote add knative ssh://git@127.0.0.1:2345/fresh\n", "", []string{"HOST"}, nil},
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			code := h.RunCommand(ctx, &gitserver.Command{User: tt.user, Args: tt.args, Addr: "127.0.0.1:2345",
-				Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr})
-			if code != tt.code {
-				t.Errorf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.code, stdout.String(), stderr.String())
-			}
-			if !strings.Contains(stdout.String(), tt.stdout) {
-				t.Errorf("stdout lacks %q:\n%s", tt.stdout, stdout.String())
-			}
-			if !strings.Contains(stderr.String(), tt.stderr) {
-				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr.String())
-			}
-			for _, n := range tt.notOut {
-				if strings.Contains(stdout.String(), n) {
-					t.Errorf("stdout has %q:\n%s", n, stdout.String())
-				}
-			}
-			for _, n := range tt.notErr {
-				if strings.Contains(stderr.String(), n) {
-					t.Errorf("stderr has %q:\n%s", n, stderr.String())
-				}
-			}
-		})
-	}
+	runCmdCases(t, ctx, h, tests)
 	// Only the two rollbacks that were allowed deployed, each with its target's config.
 	if len(deployed) != 2 || deployed[0].Env["TOKEN"] != secret || deployed[1].Env["TOKEN"] != oldSecret {
 		t.Errorf("deployed %+v; want v2's config, then v1's", deployed)
@@ -197,5 +165,46 @@ func TestRemoteURL(t *testing.T) {
 		if got := remoteURL(addr, "demo"); got != want {
 			t.Errorf("remoteURL(%q) = %q, want %q", addr, got, want)
 		}
+	}
+}
+
+// cmdCase is one SSH command run through the Handler by user, with the exit status and the
+// output fragments it must (and must not) print.
+type cmdCase struct {
+	name           string
+	user           string
+	args           []string
+	code           int
+	stdout, stderr string   // fragments wanted
+	notOut, notErr []string // fragments that must not appear
+}
+
+func runCmdCases(t *testing.T, ctx context.Context, h gitserver.CommandHandler, tests []cmdCase) {
+	t.Helper()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := h.RunCommand(ctx, &gitserver.Command{User: tt.user, Args: tt.args, Addr: "127.0.0.1:2345",
+				Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr})
+			if code != tt.code {
+				t.Errorf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.code, stdout.String(), stderr.String())
+			}
+			if !strings.Contains(stdout.String(), tt.stdout) {
+				t.Errorf("stdout lacks %q:\n%s", tt.stdout, stdout.String())
+			}
+			if !strings.Contains(stderr.String(), tt.stderr) {
+				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr.String())
+			}
+			for _, n := range tt.notOut {
+				if strings.Contains(stdout.String(), n) {
+					t.Errorf("stdout has %q:\n%s", n, stdout.String())
+				}
+			}
+			for _, n := range tt.notErr {
+				if strings.Contains(stderr.String(), n) {
+					t.Errorf("stderr has %q:\n%s", n, stderr.String())
+				}
+			}
+		})
 	}
 }
