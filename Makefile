@@ -23,7 +23,8 @@ image: tools
 	@tools/image.sh
 
 ## dev: set up everything and run `kpush dev` (SSH 127.0.0.1:2222, apps on http://APP.localhost:8080)
-dev: tools build
+dev: build
+	@KPUSH_TOOLS_ONLY="lifecycle launcher registry bwrap busybox" tools/build.sh >/dev/null
 	@[ -n "$$KPUSH_AUTHORIZED_KEYS" ] || ls $(HOME)/.ssh/*.pub >/dev/null 2>&1 || { mkdir -p -m 700 $(HOME)/.ssh && \
 		ssh-keygen -q -t ed25519 -N '' -f $(HOME)/.ssh/id_ed25519 && \
 		echo "kpush: created the SSH key $(HOME)/.ssh/id_ed25519 for git push"; }

@@ -6,7 +6,11 @@
 # A warm cache costs a hash and a symlink. Prints the tools directory on its last line.
 #
 # Usage: tools/build.sh [LINK]   (LINK, default .tools, becomes a symlink to the cache dir)
+# KPUSH_TOOLS_ONLY="lifecycle launcher …" builds just those (what `kpush dev` needs, say); the
+# rest follow on the next full run, which skips what is already there.
 set -euo pipefail
+only=${KPUSH_TOOLS_ONLY:-}
+want() { [[ -z $only || " $only " == *" $1 "* ]]; }
 here=$(cd "$(dirname "$0")" && pwd)
 link=${1:-$here/../.tools}
 cache_root=${KPUSH_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kpush/tools}
@@ -19,6 +23,7 @@ if [[ ! -f $dir/.complete ]]; then
 	export CGO_ENABLED=0 GOFLAGS=-mod=mod
 	build() { # build NAME MODULE-DIR PACKAGE [LDFLAGS]
 		local name=$1 mod=$2 pkg=$3 ldflags=${4:-}
+		want "$name" || return 0
 		[[ -x $bin/$name ]] && return 0
 		echo "tools: building $name ($pkg)" >&2
 		local t0=$SECONDS
@@ -44,6 +49,7 @@ if [[ ! -f $dir/.complete ]]; then
 	# Debian packages, unpacked without installing (no root needed for this part).
 	deb() { # deb PACKAGE FILE-IN-PACKAGE NAME
 		local pkg=$1 path=$2 name=$3
+		want "$name" || return 0
 		[[ -x $bin/$name ]] && return 0
 		local tmp; tmp=$(mktemp -d)
 		if ! (cd "$tmp" && apt-get download "$pkg" >/dev/null 2>&1); then
@@ -59,7 +65,7 @@ if [[ ! -f $dir/.complete ]]; then
 	deb bubblewrap usr/bin/bwrap bwrap
 	deb busybox-static bin/busybox busybox
 	deb openssl usr/bin/openssl openssl # the chart's NOTES fingerprint command; links libssl3, which OpenSSH brings
-	touch "$dir/.complete"
+	[[ -n $only ]] || touch "$dir/.complete"
 fi
 ln -sfn "$dir" "$link"
 echo "$dir"
