@@ -47,19 +47,7 @@ const (
 // apiserver is shared by the package's tests; each test works in namespaces of its own.
 var apiserver *rest.Config
 
-func TestMain(m *testing.M) {
-	env, err := knativetest.New()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "charts:", err)
-		os.Exit(1)
-	}
-	apiserver = env.Config
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "charts:", err)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(knativetest.Main(m, &apiserver)) }
 
 // helm runs the helm binary that `make tools` builds and returns its stdout; a failure fails
 // the test with helm's stderr.

@@ -278,15 +278,7 @@ func TestDevCommands(t *testing.T) {
 	}
 
 	// Roles: a user with no grant sees nothing and may not change config; read lets them look.
-	bobKey := sshKey(t, t.TempDir(), "bob")
-	bobPub, err := os.ReadFile(bobKey + ".pub")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kpushOK(t, s, "users:add", "bob")
-	if r := sshCmd(t, s, s.key, string(bobPub), "keys:add", "laptop", "--user", "bob"); r.code != 0 {
-		t.Fatalf("keys:add for bob: %+v", r)
-	}
+	bobKey := addUser(t, s, "bob")
 	if r := sshCmd(t, s, bobKey, "", "apps", "--json"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
 		t.Errorf("apps as bob without grants: %+v", r)
 	}

@@ -1,7 +1,6 @@
 package test
 
 import (
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -29,15 +28,7 @@ func TestDevDayTwo(t *testing.T) {
 	_, port, _ := strings.Cut(s.sshAddr, ":")
 
 	// A reader.
-	ritaKey := sshKey(t, t.TempDir(), "rita")
-	ritaPub, err := os.ReadFile(ritaKey + ".pub")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kpushOK(t, s, "users:add", "rita")
-	if r := sshCmd(t, s, s.key, string(ritaPub), "keys:add", "laptop", "--user", "rita"); r.code != 0 {
-		t.Fatalf("keys:add for rita: %+v", r)
-	}
+	ritaKey := addUser(t, s, "rita")
 
 	// 1. A build-env secret, used by build #1, then unset.
 	const btoken = "btoken-day-two-secret"

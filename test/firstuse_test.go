@@ -61,15 +61,7 @@ func TestDevFirstUse(t *testing.T) {
 	if strings.Contains(out, "previous release keeps serving") {
 		t.Errorf("the first deploy of crash claims a previous release:\n%s", out)
 	}
-	bobKey := sshKey(t, t.TempDir(), "bob")
-	bobPub, err := os.ReadFile(bobKey + ".pub")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kpushOK(t, s, "users:add", "bob")
-	if r := sshCmd(t, s, s.key, string(bobPub), "keys:add", "laptop", "--user", "bob"); r.code != 0 {
-		t.Fatalf("keys:add for bob: %+v", r)
-	}
+	bobKey := addUser(t, s, "bob")
 	kpushOK(t, s, "apps:grant", "crash", "bob", "read")
 	for _, args := range [][]string{{"builds:output", "crash"}, {"releases:info", "crash", "v1"}, {"releases", "crash", "--json"}} {
 		r := sshCmd(t, s, bobKey, "", args...)

@@ -333,6 +333,22 @@ func sshRun(t *testing.T, s *server, key, stdin string, flags []string, args ...
 	return sshResult{stdout.String(), stderr.String(), code}
 }
 
+// addUser registers a new user name with a fresh ed25519 key (users:add, then keys:add of the
+// key named "laptop" by the server's admin) and returns the private key's path.
+func addUser(t *testing.T, s *server, name string) string {
+	t.Helper()
+	key := sshKey(t, t.TempDir(), name)
+	pub, err := os.ReadFile(key + ".pub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kpushOK(t, s, "users:add", name)
+	if r := sshCmd(t, s, s.key, string(pub), "keys:add", "laptop", "--user", name); r.code != 0 {
+		t.Fatalf("keys:add for %s: %+v", name, r)
+	}
+	return key
+}
+
 // kpushOK runs an SSH command as the server's admin and fails the test unless it exits 0;
 // it returns stdout.
 func kpushOK(t *testing.T, s *server, args ...string) string {

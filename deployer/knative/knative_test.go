@@ -30,19 +30,7 @@ import (
 // tests; each test works in its own namespace.
 var cfg *rest.Config
 
-func TestMain(m *testing.M) {
-	env, err := knativetest.New()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
-		os.Exit(1)
-	}
-	cfg = env.Config
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "%v\n", err)
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(knativetest.Main(m, &cfg)) }
 
 const (
 	digestA = "registry.example/demo@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"

@@ -121,6 +121,23 @@ func Start(t testing.TB) *rest.Config {
 	return e.Config
 }
 
+// Main is a TestMain body for a package whose tests share one Env: it starts the Env, points
+// *cfg at it, runs the tests and stops the Env. It returns the exit code for os.Exit; an Env
+// that fails to start fails the package (exit 1, "run make tools" when a binary is missing).
+func Main(m *testing.M, cfg **rest.Config) int {
+	env, err := New()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "FAIL: knativetest: %v\n", err)
+		return 1
+	}
+	*cfg = env.Config
+	code := m.Run()
+	if err := env.Stop(); err != nil {
+		fmt.Fprintf(os.Stderr, "knativetest: %v\n", err)
+	}
+	return code
+}
+
 // ServingCRDDir returns the absolute path of knative.dev/serving's config/core/300-resources
 // directory in the module cache: from the test binary's build info ($GOMODCACHE, else
 // `go env GOMODCACHE`, + the module version),

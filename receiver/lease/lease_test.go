@@ -26,17 +26,7 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(childEnv); mode != "" {
 		os.Exit(runChild(mode))
 	}
-	env, err := knativetest.New()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "FAIL: %v\n", err)
-		os.Exit(1)
-	}
-	cfg = env.Config
-	code := m.Run()
-	if err := env.Stop(); err != nil {
-		fmt.Fprintf(os.Stderr, "%v\n", err)
-	}
-	os.Exit(code)
+	os.Exit(knativetest.Main(m, &cfg))
 }
 
 // kind is one store under test; newLocker returns Managers that share one store (for
