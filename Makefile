@@ -10,6 +10,7 @@ all: build
 
 ## tools: build the tool binaries kpush runs beside itself (cached; see tools/build.sh)
 tools:
+	@tools/packages.sh
 	@tools/build.sh >/dev/null
 
 ## build: build bin/kpush
@@ -24,6 +25,7 @@ image: tools
 
 ## dev: set up everything and run `kpush dev` (SSH 127.0.0.1:2222, apps on http://APP.localhost:8080)
 dev: build
+	@tools/packages.sh
 	@KPUSH_TOOLS_ONLY="lifecycle launcher registry bwrap busybox" tools/build.sh >/dev/null
 	@[ -n "$$KPUSH_AUTHORIZED_KEYS" ] || ls $(HOME)/.ssh/*.pub >/dev/null 2>&1 || { mkdir -p -m 700 $(HOME)/.ssh && \
 		ssh-keygen -q -t ed25519 -N '' -f $(HOME)/.ssh/id_ed25519 && \

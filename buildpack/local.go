@@ -25,6 +25,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"kpush.dev/kpush/internal/sandbox"
 	"kpush.dev/kpush/internal/tools"
 )
 
@@ -44,25 +45,30 @@ var appName = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
 // envName is what a build-time environment variable may be called.
 var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
-// Local builds on this machine: it runs the CNB lifecycle's creator (Platform API 0.14) in a
-// bubblewrap sandbox whose root filesystem is the host's, read-only, and publishes to a
-// registry. The zero value is not usable: set DataDir. Safe for concurrent use; builds of the
-// same app wait for each other (they share a cache), also across processes.
+// Local builds on this machine: it runs the CNB lifecycle's five phases (Platform API 0.14)
+// the way kpack's build Pods do — analyze, detect, restore, build, export — each in a
+// sandbox of its own (internal/sandbox: user, mount, PID, IPC, UTS and network namespaces,
+// seccomp, no capabilities) as the CNB user on the app's own unprivileged host ids, and
+// publishes to a registry. The registry credentials and the host's network go only to
+// analyze, restore and export, which run no buildpack code; detect runs with no network,
+// build with outbound network that cannot reach the host's loopback services. The zero value
+// is not usable: set DataDir. Safe for concurrent use; builds of the same app wait for each
+// other (they share a cache), also across processes.
 //
 // Sandbox layout (canonical CNB paths, so cache layers restore to the paths they were built at):
 //
-//	/usr /etc (and /bin /lib* /sbin, or their symlinks)  host's, read-only
+//	/usr (and /bin /lib* /sbin, or their symlinks)  host's, read-only
 //	/etc/passwd, /etc/group   generated: root + cnb (1000:1000)
+//	/etc/hosts, resolv.conf   generated (no other host /etc file but the CA bundle)
 //	/tmp                      tmpfs, 1777
-//	/home/cnb                 per-build, owned by the CNB user ($HOME)
-//	/workspace                Request.SourceDir, read-write, chowned to the CNB user
+//	/home/cnb                 per-build, owned by the CNB user ($HOME; detect and build only)
+//	/workspace                Request.SourceDir, chowned to the CNB user (writable in build)
 //	/layers                   per-build, <DataDir>/builds/<app>-<tag>/layers
-//	/platform                 per-build, read-only: env/NAME files from Request.Env and GoEnv
+//	/platform                 per-build, read-only: env/NAME files (detect and build)
 //	/cnb                      per-build, read-only: lifecycle/{lifecycle,launcher,creator,...},
 //	                          buildpacks/<id>/<version>/, order.toml, run.toml
-//	/cache                    <DataDir>/cache/<app>, read-write, kept between builds
-//	/opt/kpush/go             GoRoot, read-only
-//	network                   the host's (registries on 127.0.0.1, GOPROXY)
+//	/cache                    <DataDir>/cache/<app>, kept between builds (restore and export)
+//	/opt/kpush/go             GoRoot, read-only (detect and build)
 type Local struct {
 	// DataDir holds per-app caches (<DataDir>/cache/<app>) and per-build scratch directories
 	// (<DataDir>/builds, removed after each build). Required.
@@ -77,8 +83,8 @@ type Local struct {
 	// GONOSUMDB and GOINSECURE.
 	GoEnv map[string]string
 	// RegistryUsername and RegistryPassword, if set, authenticate to the registries of
-	// Request.Image and RunImage (basic auth, handed to the lifecycle as CNB_REGISTRY_AUTH;
-	// never printed, and not visible to buildpacks).
+	// Request.Image and RunImage (basic auth, handed as CNB_REGISTRY_AUTH to the analyze,
+	// restore and export phases only; never printed, never in a phase that runs buildpacks).
 	RegistryUsername, RegistryPassword string
 	// InsecureRegistries are registries reached over plain HTTP besides the loopback and
 	// private addresses the lifecycle already treats so (creator -insecure-registry).
@@ -127,10 +133,14 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 		return Result{}, err
 	}
 	bin := map[string]string{}
-	for _, t := range []string{"bwrap", "lifecycle", "launcher"} {
+	for _, t := range []string{"lifecycle", "launcher"} {
 		if bin[t], err = tools.Path(t); err != nil {
 			return Result{}, err
 		}
+	}
+	ids, err := l.ids().Get("build/" + req.App)
+	if err != nil {
+		return Result{}, err
 	}
 	goRoot, goEnv, err := l.goSettings(ctx)
 	if err != nil {
@@ -169,34 +179,35 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 	if len(req.Group) > 0 {
 		order = []Group{req.Group}
 	}
-	if err := l.prepare(build, cacheDir, req.SourceDir, runImage, order, env); err != nil {
+	if err := l.prepare(build, cacheDir, req.SourceDir, runImage, order, env, ids); err != nil {
 		return Result{}, fmt.Errorf("preparing build directory: %w", err)
 	}
 
 	image := repo.Tag(tag).String()
-	args := bwrapArgs(sandbox{
-		build: build, source: req.SourceDir, cache: cacheDir, goRoot: goRoot,
-		lifecycle: bin["lifecycle"], launcher: bin["launcher"],
-	})
-	args = append(args, creatorArgs(image, previous, l.InsecureRegistries)...)
-	cmd := exec.CommandContext(ctx, bin["bwrap"], args...)
-	cmd.Env = l.creatorEnv(req.Image, runImage)
 	sink := &lineSink{out: out, freshImage: image, noPrevious: noPrevious}
 	stdout, stderr := &lineWriter{sink: sink}, &lineWriter{sink: sink}
-	cmd.Stdout, cmd.Stderr = stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
-	cmd.WaitDelay = 5 * time.Second
+	box := buildSandbox{
+		build: build, source: req.SourceDir, cache: cacheDir, goRoot: goRoot,
+		lifecycle: bin["lifecycle"], launcher: bin["launcher"], ids: ids,
+		auth:   registryAuth(l.RegistryUsername, l.RegistryPassword, req.Image, runImage),
+		stdout: stdout, stderr: stderr,
+	}
 
 	t0 := time.Now()
-	log.Info("build started", "image", image, "run_image", runImage, "previous_image", previous)
-	runErr := cmd.Run()
-	stdout.Flush()
-	stderr.Flush()
-	if sink.werr != nil {
-		log.Warn("writing build output", "err", sink.werr)
-	}
-	if runErr != nil {
+	log.Info("build started", "image", image, "run_image", runImage, "previous_image", previous, "host_uid", ids.Host(CNBUserID))
+	for _, ph := range phases(image, previous, l.InsecureRegistries) {
+		pt := time.Now()
+		fmt.Fprintln(stdout, ph.header)
+		runErr := box.run(ctx, ph)
+		stdout.Flush()
+		stderr.Flush()
+		if sink.werr != nil {
+			log.Warn("writing build output", "err", sink.werr)
+		}
+		log.Debug("lifecycle phase finished", "phase", ph.name, "duration", time.Since(pt), "err", runErr)
+		if runErr == nil {
+			continue
+		}
 		if ctx.Err() != nil {
 			return Result{}, fmt.Errorf("building %s: %w", req.App, ctx.Err())
 		}
@@ -206,7 +217,7 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 			code = ee.ExitCode()
 		}
 		e := lifecycleError(code, sink.lastError(), req.Image, runErr)
-		log.Warn("build failed", "exit_code", code, "kind", e.Kind, "detail", e.Detail, "duration", time.Since(t0))
+		log.Warn("build failed", "phase", ph.name, "exit_code", code, "kind", e.Kind, "detail", e.Detail, "duration", time.Since(t0))
 		return Result{}, e
 	}
 	digest, err := readReportDigest(filepath.Join(build, "layers", "report.toml"))
@@ -506,7 +517,7 @@ func (l *Local) RemoveLeftovers(before time.Time) ([]string, error) {
 
 // prepare creates the per-build directory tree (see Local) with order as the builder's
 // order.toml, and the app's cache directory, and chowns the source to the CNB user.
-func (l *Local) prepare(build, cacheDir, source, runImage string, order []Group, env map[string]string) error {
+func (l *Local) prepare(build, cacheDir, source, runImage string, order []Group, env map[string]string, ids sandbox.IDRange) error {
 	for _, d := range []string{"cnb/lifecycle", "layers", "platform/env", "home", cacheDir} {
 		p := d
 		if !filepath.IsAbs(p) {
@@ -546,142 +557,168 @@ func (l *Local) prepare(build, cacheDir, source, runImage string, order []Group,
 	if err := os.WriteFile(filepath.Join(build, "group"), []byte(group), 0o644); err != nil {
 		return err
 	}
-	if err := os.Lchown(filepath.Join(build, "home"), CNBUserID, CNBGroupID); err != nil {
+	if err := writeEtc(build); err != nil {
 		return err
 	}
-	return filepath.WalkDir(source, func(p string, _ fs.DirEntry, err error) error {
+	uid, gid := int(ids.Host(CNBUserID)), int(ids.Host(CNBGroupID))
+	for _, d := range []string{"home", "layers"} {
+		if err := os.Lchown(filepath.Join(build, d), uid, gid); err != nil {
+			return err
+		}
+	}
+	// The cache keeps its owner between builds; a cache from before the app had its own
+	// host ids (or restored from elsewhere) is handed over once.
+	if fi, err := os.Stat(cacheDir); err != nil {
+		return err
+	} else if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != uid || int(st.Gid) != gid {
+		if err := chownTree(cacheDir, uid, gid); err != nil {
+			return err
+		}
+	}
+	return chownTree(source, uid, gid)
+}
+
+// chownTree gives every file under dir (dir included, symlinks themselves) to uid:gid.
+func chownTree(dir string, uid, gid int) error {
+	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		return os.Lchown(p, CNBUserID, CNBGroupID)
+		return os.Lchown(p, uid, gid)
 	})
 }
 
-// sandbox is what bwrapArgs mounts.
-type sandbox struct {
-	build     string // per-build directory (cnb/, layers/, platform/, home/, passwd, group)
+// writeEtc writes the build sandbox's /etc files into the build directory: hosts, and
+// resolv.conf twice: resolv.conf.outbound (slirp4netns's resolver, for the phases that run
+// buildpacks) and resolv.conf.host (the host's resolvers, for the lifecycle's registry
+// phases on the host's network). The host's own /etc stays out of every phase.
+func writeEtc(build string) error {
+	hostResolv, err := os.ReadFile("/etc/resolv.conf")
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for name, data := range map[string]string{
+		"hosts":                "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
+		"resolv.conf.outbound": "nameserver " + sandbox.SlirpDNS + "\n",
+		"resolv.conf.host":     string(hostResolv),
+	} {
+		if err := os.WriteFile(filepath.Join(build, name), []byte(data), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// buildSandbox is what every lifecycle phase of one build mounts and runs as.
+type buildSandbox struct {
+	build     string // per-build directory (cnb/, layers/, platform/, home/, passwd, group, hosts, resolv.conf.*)
 	source    string // → /workspace
 	cache     string // → /cache
 	goRoot    string // → GoRootPath
 	lifecycle string // → /cnb/lifecycle/lifecycle
 	launcher  string // → /cnb/lifecycle/launcher
-	hostRoot  string // "" = "/"; the root whose /usr, /etc, ... are bound (tests)
+	ids       sandbox.IDRange
+	auth      string // CNB_REGISTRY_AUTH, for the phases that talk to the registry; "" = none
+	stdout    io.Writer
+	stderr    io.Writer
 }
 
-// hostDirs are the host's top-level entries bound read-only (or re-created as symlinks when
-// they are symlinks, as with merged /usr).
-var hostDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}
+// phase is one lifecycle phase run in a sandbox of its own.
+type phase struct {
+	name   string   // the lifecycle binary (/cnb/lifecycle/<name>)
+	header string   // the line the creator prints before it, e.g. "===> DETECTING"
+	args   []string // its flags and arguments
+	// registry: the phase talks to the registry (analyze, restore, export). It alone gets the
+	// credentials and the host's network, and never runs buildpack code.
+	registry bool
+	// buildpacks: the phase runs buildpack code (detect, build): no credentials, its own
+	// network (build: outbound only, no host loopback; detect: none), the CNB user's $HOME.
+	network   sandbox.Network
+	workspace bool // /workspace writable (build)
+	platform  bool // /platform mounted (detect, build)
+	home      bool // /home/cnb mounted (detect, build)
+	cache     bool // /cache mounted (restore, export)
+	cacheRW   bool // read-write
+	goRoot    bool // the Go toolchain at GoRootPath (detect, build)
+}
 
-// bwrapArgs returns bubblewrap's arguments up to the command, for the layout documented on
-// Local.
-func bwrapArgs(s sandbox) []string {
-	root := s.hostRoot
-	if root == "" {
-		root = "/"
-	}
-	a := []string{"--die-with-parent", "--new-session", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-		"--hostname", "kpush-build"}
-	a = append(a, hostRootArgs(root)...)
-	b := s.build
-	a = append(a,
-		"--ro-bind", filepath.Join(b, "passwd"), "/etc/passwd",
-		"--ro-bind", filepath.Join(b, "group"), "/etc/group",
-		"--proc", "/proc",
-		"--dev", "/dev",
-		"--perms", "1777", "--tmpfs", "/tmp",
+// phases are the lifecycle's five phases as kpack runs them (Platform API 0.14): analyze,
+// detect, restore, build, export, each in its own sandbox, so that the registry credentials
+// reach only analyze, restore and export, which run no buildpack code. previous (if not "")
+// is -previous-image, the image whose layers the export may reuse.
+func phases(image, previous string, insecure []string) []phase {
+	const (
+		analyzed = "-analyzed=/layers/analyzed.toml"
+		group    = "-group=/layers/group.toml"
+		plan     = "-plan=/layers/plan.toml"
 	)
-	// bwrap creates missing parents of mount points as 0700; the CNB user must traverse them.
-	a = append(a, parentDirs("/home/"+CNBUser)...)
-	a = append(a, "--bind", filepath.Join(b, "home"), "/home/"+CNBUser)
-	a = append(a, parentDirs(GoRootPath)...)
-	a = append(a,
-		"--ro-bind", s.goRoot, GoRootPath,
-		"--ro-bind", filepath.Join(b, "cnb"), "/cnb",
-		"--ro-bind", s.lifecycle, "/cnb/lifecycle/lifecycle",
-		"--ro-bind", s.launcher, "/cnb/lifecycle/launcher",
-		"--ro-bind", filepath.Join(b, "platform"), "/platform",
-		"--bind", filepath.Join(b, "layers"), "/layers",
-		"--bind", s.cache, "/cache",
-		"--bind", s.source, "/workspace",
-		"--chdir", "/workspace",
-		"--",
-	)
-	return a
-}
-
-// hostRootArgs returns bubblewrap arguments binding root's /usr, /etc, ... (hostDirs)
-// read-only at the same paths, re-creating top-level symlinks, plus resolv.conf's target when
-// it lies outside /etc.
-func hostRootArgs(root string) []string {
-	var a []string
-	for _, d := range hostDirs {
-		hp := filepath.Join(root, d)
-		fi, err := os.Lstat(hp)
-		switch {
-		case err != nil:
-			continue
-		case fi.Mode()&os.ModeSymlink != 0:
-			if target, err := os.Readlink(hp); err == nil {
-				a = append(a, "--symlink", target, d)
-			}
-		case fi.IsDir():
-			a = append(a, "--ro-bind", hp, d)
+	reg := func(a []string) []string {
+		for _, r := range insecure {
+			a = append(a, "-insecure-registry="+r)
 		}
+		return a
 	}
-	// A resolv.conf that is a symlink (systemd-resolved) points outside /etc: bind its target.
-	if fi, err := os.Lstat(filepath.Join(root, "etc/resolv.conf")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		if target, err := filepath.EvalSymlinks(filepath.Join(root, "etc/resolv.conf")); err == nil && !strings.HasPrefix(target, filepath.Join(root, "etc")+"/") {
-			rel := strings.TrimPrefix(target, strings.TrimSuffix(root, "/"))
-			a = append(a, parentDirs(rel)...)
-			a = append(a, "--ro-bind", target, rel)
-		}
-	}
-	return a
-}
-
-// parentDirs returns bwrap arguments creating p's parent directories (not p) with mode 0755.
-func parentDirs(p string) []string {
-	var a []string
-	dir := filepath.Dir(p)
-	if dir == "/" || dir == "." {
-		return nil
-	}
-	a = append(a, parentDirs(dir)...)
-	return append(a, "--perms", "0755", "--dir", dir)
-}
-
-// creatorArgs are /cnb/lifecycle/creator and its flags (Platform API 0.14) for publishing
-// image, with previous (if not "") as -previous-image, the image whose layers the export may
-// reuse (lifecycle v0.20.4 defaults it to image itself).
-func creatorArgs(image, previous string, insecure []string) []string {
-	a := []string{"/cnb/lifecycle/creator",
-		"-app", "/workspace",
-		"-layers", "/layers",
-		"-platform", "/platform",
-		"-buildpacks", "/cnb/buildpacks",
-		"-order", "/cnb/order.toml",
-		"-run", "/cnb/run.toml",
-		"-launcher", "/cnb/lifecycle/launcher",
-		"-cache-dir", "/cache",
-		"-report", "/layers/report.toml",
-		"-uid", strconv.Itoa(CNBUserID),
-		"-gid", strconv.Itoa(CNBGroupID),
-		"-log-level", "info",
-		"-no-color",
-		"-parallel",
-	}
+	analyze := []string{"-layers=/layers", analyzed, "-run=/cnb/run.toml"}
 	if previous != "" {
-		a = append(a, "-previous-image", previous)
+		analyze = append(analyze, "-previous-image="+previous)
 	}
-	for _, r := range insecure {
-		a = append(a, "-insecure-registry", r)
+	return []phase{
+		{name: "analyzer", header: "===> ANALYZING", registry: true, network: sandbox.NetHost,
+			args: append(reg(analyze), image)},
+		{name: "detector", header: "===> DETECTING", network: sandbox.NetNone, platform: true, home: true, goRoot: true,
+			args: []string{"-app=/workspace", "-layers=/layers", "-platform=/platform",
+				"-buildpacks=/cnb/buildpacks", "-order=/cnb/order.toml", analyzed, group, plan}},
+		{name: "restorer", header: "===> RESTORING", registry: true, network: sandbox.NetHost, cache: true, cacheRW: true, // it stages in the cache
+			args: reg([]string{"-layers=/layers", "-cache-dir=/cache", analyzed, group})},
+		{name: "builder", header: "===> BUILDING", network: sandbox.NetOutbound, workspace: true, platform: true, home: true, goRoot: true,
+			args: []string{"-app=/workspace", "-layers=/layers", "-platform=/platform",
+				"-buildpacks=/cnb/buildpacks", analyzed, group, plan}},
+		{name: "exporter", header: "===> EXPORTING", registry: true, network: sandbox.NetHost, cache: true, cacheRW: true,
+			args: append(reg([]string{"-app=/workspace", "-layers=/layers", "-cache-dir=/cache",
+				"-launcher=/cnb/lifecycle/launcher", "-report=/layers/report.toml", "-run=/cnb/run.toml",
+				analyzed, group, "-parallel"}), image)},
 	}
-	return append(a, image)
 }
 
-// creatorEnv is the creator's whole environment. Buildpacks see only the lifecycle's
-// allow-listed variables (PATH, HOME, proxies, ...) plus <platform>/env.
-func (l *Local) creatorEnv(images ...string) []string {
+// spec is ph's sandbox: the host's /usr (programs and libraries) and a generated /etc,
+// read-only; the builder at /cnb; /layers; and only the rest ph needs (see phase).
+func (b *buildSandbox) spec(ph phase) sandbox.Spec {
+	m := sandbox.HostSystemMounts()
+	resolv := "resolv.conf.outbound"
+	if ph.network == sandbox.NetHost {
+		resolv = "resolv.conf.host"
+	}
+	m = append(m,
+		sandbox.Mount{Source: filepath.Join(b.build, "passwd"), Dest: "/etc/passwd"},
+		sandbox.Mount{Source: filepath.Join(b.build, "group"), Dest: "/etc/group"},
+		sandbox.Mount{Source: filepath.Join(b.build, "hosts"), Dest: "/etc/hosts"},
+		sandbox.Mount{Source: filepath.Join(b.build, resolv), Dest: "/etc/resolv.conf"},
+	)
+	if _, err := os.Stat(hostCABundle); err == nil {
+		m = append(m, sandbox.Mount{Source: hostCABundle, Dest: hostCABundle})
+	}
+	m = append(m,
+		sandbox.Mount{Dest: "/tmp"},
+		sandbox.Mount{Source: filepath.Join(b.build, "cnb"), Dest: "/cnb"},
+		sandbox.Mount{Source: b.lifecycle, Dest: "/cnb/lifecycle/lifecycle"},
+		sandbox.Mount{Source: b.launcher, Dest: "/cnb/lifecycle/launcher"},
+		sandbox.Mount{Source: filepath.Join(b.build, "layers"), Dest: "/layers", Writable: true},
+	)
+	if ph.name != "analyzer" && ph.name != "restorer" {
+		m = append(m, sandbox.Mount{Source: b.source, Dest: "/workspace", Writable: ph.workspace})
+	}
+	if ph.platform {
+		m = append(m, sandbox.Mount{Source: filepath.Join(b.build, "platform"), Dest: "/platform"})
+	}
+	if ph.home {
+		m = append(m, sandbox.Mount{Source: filepath.Join(b.build, "home"), Dest: "/home/" + CNBUser, Writable: true})
+	}
+	if ph.cache {
+		m = append(m, sandbox.Mount{Source: b.cache, Dest: "/cache", Writable: ph.cacheRW})
+	}
+	if ph.goRoot {
+		m = append(m, sandbox.Mount{Source: b.goRoot, Dest: GoRootPath})
+	}
 	env := []string{
 		"PATH=" + GoRootPath + "/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME=/home/" + CNBUser,
@@ -697,10 +734,37 @@ func (l *Local) creatorEnv(images ...string) []string {
 			env = append(env, k+"="+v)
 		}
 	}
-	if a := registryAuth(l.RegistryUsername, l.RegistryPassword, images...); a != "" {
-		env = append(env, "CNB_REGISTRY_AUTH="+a)
+	if ph.registry && b.auth != "" {
+		env = append(env, "CNB_REGISTRY_AUTH="+b.auth)
 	}
-	return env
+	dir := "/workspace"
+	if ph.name == "analyzer" || ph.name == "restorer" {
+		dir = "/layers"
+	}
+	return sandbox.Spec{
+		Argv:     append([]string{"/cnb/lifecycle/" + ph.name, "-log-level=info", "-no-color"}, ph.args...),
+		Env:      env,
+		Dir:      dir,
+		Hostname: "kpush-build",
+		Mounts:   m,
+		HostIDs:  b.ids, UID: CNBUserID, GID: CNBGroupID,
+		Network:    ph.network,
+		NewSession: true,
+		Stdout:     b.stdout, Stderr: b.stderr,
+	}
+}
+
+// hostCABundle is the host's CA bundle (Debian's path, which Go and OpenSSL read), given to
+// build sandboxes so buildpacks can verify the package registries they download from.
+const hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
+
+func (b *buildSandbox) run(ctx context.Context, ph phase) error {
+	return sandbox.Run(ctx, b.spec(ph))
+}
+
+// ids returns the host id ranges of build sandboxes, kept in the data dir.
+func (l *Local) ids() *sandbox.Ranges {
+	return &sandbox.Ranges{File: filepath.Join(l.DataDir, "sandbox", "ids.json")}
 }
 
 // registryAuth returns CNB_REGISTRY_AUTH's JSON ({"host": "Basic <base64 user:pass>"}) for

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -93,19 +94,39 @@ const (
 	volLayers    = "layers"    // /layers: analyzed.toml, group.toml, plan.toml, layers, report.toml
 	volWorkspace = "workspace" // /workspace: the app source
 	volPlatform  = "platform"  // /platform: env/NAME
-	volHome      = "home"      // /home/cnb: $HOME of every phase
+	volHome      = "home"      // /home/cnb: $HOME of detect and build (buildpack code)
 	volAuth      = "registry-auth"
+	// volTmpPrefix+container is that container's own /tmp: every container runs on a
+	// read-only root filesystem, and detect, build and export need a scratch directory (the
+	// lifecycle's detector and builder put each buildpack's plan in os.MkdirTemp, buildpacks
+	// and their tools use $TMPDIR; the exporter stages layer tarballs there). One per
+	// container, as each container's writable /tmp would be: buildpack code in detect and
+	// build leaves nothing for the credentialed export to find.
+	volTmpPrefix = "tmp-"
 )
+
+// Where each build Pod container may write, beside its volumes: nowhere. Every container has
+// readOnlyRootFilesystem; the phases that need scratch space get a /tmp emptyDir of their own
+// (tmpContainers). source (kpush's code) writes only /workspace and /platform, complete
+// nothing; analyze and restore write only /layers (the lifecycle's analyzer and restorer
+// create no temporary files, and go-containerregistry streams to and from the registry).
+// Without its /tmp, detect fails at once (the detector's os.MkdirTemp), and so does export;
+// TestPodPlanRunsLocally runs every phase this way.
+var tmpContainers = map[string]bool{ContainerDetect: true, ContainerBuild: true, ContainerExport: true}
 
 // BuildPod returns the build Pod for s in kpack's layout: init containers source (kpush image,
 // fetches the pushed tree and writes /platform/env), then analyze, detect, restore, build,
 // export (the builder image's /cnb/lifecycle/<phase>, Platform API 0.14), then a main
 // container "complete" that exits at once. Only analyze, restore and export mount the registry
 // credentials (RegistryAuthPath, $DOCKER_CONFIG); detect and build, which run buildpack code,
-// see neither them nor the Kubernetes API token. Every container runs as UserID:GroupID with
-// fsGroup GroupID, non-root, no privilege escalation, all capabilities dropped, RuntimeDefault
-// seccomp. restartPolicy Never, activeDeadlineSeconds from Deadline. It returns an error for
-// a missing required field or an unparsable image name.
+// see neither them nor the Kubernetes API token, and only they share $HOME (/home/cnb), so
+// nothing buildpack code leaves there (a ~/.docker/config.json) reaches a phase that talks to
+// the registry. Every container runs as UserID:GroupID with fsGroup GroupID, non-root, no
+// privilege escalation, all capabilities dropped, a read-only root filesystem (detect, build
+// and export get a /tmp emptyDir each, see tmpContainers), under the RuntimeDefault seccomp
+// profile; no service account token, no service links. The Pod passes the "restricted" Pod
+// Security Standard. restartPolicy Never, activeDeadlineSeconds from Deadline. It returns an
+// error for a missing required field or an unparsable image name.
 func BuildPod(s PodSpec) (*corev1.Pod, error) {
 	switch {
 	case s.Name == "" || s.App == "" || s.Tag == "":
@@ -185,6 +206,12 @@ func BuildPod(s PodSpec) (*corev1.Pod, error) {
 			mounts = append(mounts, mount(volAuth, RegistryAuthPath, true))
 			env = append(env, corev1.EnvVar{Name: "DOCKER_CONFIG", Value: RegistryAuthPath})
 		}
+		// The working directory is a mounted volume: on a read-only root filesystem the
+		// runtime could not create a missing one. The lifecycle takes absolute paths only.
+		wd := "/layers"
+		if slices.ContainsFunc(mounts, func(m corev1.VolumeMount) bool { return m.Name == volWorkspace }) {
+			wd = "/workspace"
+		}
 		return corev1.Container{
 			Name:         cname,
 			Image:        builder,
@@ -192,7 +219,7 @@ func BuildPod(s PodSpec) (*corev1.Pod, error) {
 			Args:         append([]string{"-log-level=info"}, args...),
 			Env:          env,
 			VolumeMounts: mounts,
-			WorkingDir:   "/workspace",
+			WorkingDir:   wd,
 		}
 	}
 	const (
@@ -217,41 +244,53 @@ func BuildPod(s PodSpec) (*corev1.Pod, error) {
 				{Name: PlatformEnvEnv, Value: envJSON},
 				{Name: "HOME", Value: "/home/cnb"},
 			},
-			VolumeMounts: []corev1.VolumeMount{workspace, platform, home},
+			// Mounts only what it writes; it needs no $HOME.
+			VolumeMounts: []corev1.VolumeMount{workspace, platform},
+			WorkingDir:   "/workspace",
 		},
+		// analyze, restore and export talk to the registry (credentials) and run no buildpack
+		// code; they mount neither the shared $HOME nor /platform, and the app read-only.
 		phase(ContainerAnalyze, true, append(insecure(analyzeArgs), image), layers),
 		phase(ContainerDetect, false, []string{"-app=/workspace", "-layers=/layers", "-platform=/platform",
 			"-buildpacks=/cnb/buildpacks", "-order=/cnb/order.toml", analyzed, group, plan},
 			layers, mount(volWorkspace, "/workspace", true), mount(volPlatform, "/platform", true), home),
-		phase(ContainerRestore, true, insecure([]string{"-layers=/layers", "-cache-image=" + cache, analyzed, group}), layers, home),
+		phase(ContainerRestore, true, insecure([]string{"-layers=/layers", "-cache-image=" + cache, analyzed, group}), layers),
 		phase(ContainerBuild, false, []string{"-app=/workspace", "-layers=/layers", "-platform=/platform",
 			"-buildpacks=/cnb/buildpacks", group, plan},
 			layers, workspace, mount(volPlatform, "/platform", true), home),
 		phase(ContainerExport, true, append(insecure([]string{"-app=/workspace", "-layers=/layers", "-cache-image=" + cache,
 			"-launcher=/cnb/lifecycle/launcher", "-report=/layers/report.toml", analyzed, group}), image),
-			layers, mount(volWorkspace, "/workspace", true), home),
-	}
-	sec := &corev1.SecurityContext{
-		AllowPrivilegeEscalation: ptr(false),
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-	}
-	for i := range init {
-		init[i].SecurityContext = sec.DeepCopy()
-		init[i].Resources = *s.Resources.DeepCopy()
-		init[i].ImagePullPolicy = corev1.PullIfNotPresent
+			layers, mount(volWorkspace, "/workspace", true)),
 	}
 	complete := corev1.Container{
-		Name:            ContainerComplete,
-		Image:           s.KpushImage,
-		Args:            []string{"source", "complete"},
-		SecurityContext: sec.DeepCopy(),
-		Resources:       *s.Resources.DeepCopy(),
-		ImagePullPolicy: corev1.PullIfNotPresent,
+		Name:  ContainerComplete,
+		Image: s.KpushImage,
+		Args:  []string{"source", "complete"},
 	}
 	emptyDir := func(n string) corev1.Volume {
 		return corev1.Volume{Name: n, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
 	}
 	vols := []corev1.Volume{emptyDir(volLayers), emptyDir(volWorkspace), emptyDir(volPlatform), emptyDir(volHome)}
+	// The same container-level settings for every container: the lifecycle needs no
+	// privilege in any phase on Platform API 0.14 (it runs as the CNB user throughout; only
+	// the image extension phases, which kpush does not run, need root).
+	harden := func(c *corev1.Container) {
+		c.SecurityContext = &corev1.SecurityContext{
+			AllowPrivilegeEscalation: ptr(false),
+			Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+			ReadOnlyRootFilesystem:   ptr(true),
+		}
+		c.Resources = *s.Resources.DeepCopy()
+		c.ImagePullPolicy = corev1.PullIfNotPresent
+		if tmpContainers[c.Name] {
+			c.VolumeMounts = append(c.VolumeMounts, mount(volTmpPrefix+c.Name, "/tmp", false))
+			vols = append(vols, emptyDir(volTmpPrefix+c.Name))
+		}
+	}
+	for i := range init {
+		harden(&init[i])
+	}
+	harden(&complete)
 	if withAuth {
 		vols = append(vols, corev1.Volume{Name: volAuth, VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
 			SecretName:  s.RegistrySecret,
@@ -273,13 +312,19 @@ func BuildPod(s PodSpec) (*corev1.Pod, error) {
 			},
 		},
 		Spec: corev1.PodSpec{
-			RestartPolicy:                 corev1.RestartPolicyNever,
-			ActiveDeadlineSeconds:         ptr(int64(deadline / time.Second)),
-			ServiceAccountName:            s.ServiceAccount,
-			AutomountServiceAccountToken:  ptr(false),
+			RestartPolicy:         corev1.RestartPolicyNever,
+			ActiveDeadlineSeconds: ptr(int64(deadline / time.Second)),
+			ServiceAccountName:    s.ServiceAccount,
+			// No container talks to the Kubernetes API: kpush watches the Pod from outside.
+			AutomountServiceAccountToken: ptr(false),
+			// No $<SERVICE>_SERVICE_HOST variables: buildpack code learns nothing of the
+			// namespace's Services from its environment.
 			EnableServiceLinks:            ptr(false),
 			TerminationGracePeriodSeconds: ptr(int64(5)),
 			ImagePullSecrets:              pullSecrets,
+			// Every phase runs as the builder's CNB user (Platform API 0.14 needs root for
+			// none of them), so runAsNonRoot holds for the whole Pod; fsGroup makes the
+			// emptyDirs and the credentials Secret the CNB group's.
 			SecurityContext: &corev1.PodSecurityContext{
 				RunAsUser:      ptr(uid),
 				RunAsGroup:     ptr(gid),

@@ -14,7 +14,9 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +29,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
@@ -65,6 +68,8 @@ func dockerConfigJSON(reg string) []byte {
 
 // credProbe is a buildpack whose build looks for registry credentials everywhere a buildpack
 // could: its env, the mount path and $DOCKER_CONFIG, ~/.docker, and every process's environ.
+// It also reports its uid, whether its root filesystem is mounted read-only and whether it
+// can write /tmp.
 func credProbe(t *testing.T) string {
 	return writeTree(t, map[string]string{
 		"buildpack.toml": "api = \"0.10\"\n[buildpack]\nid = \"test/credprobe\"\nversion = \"0.0.1\"\n[[targets]]\nos = \"linux\"\n",
@@ -78,6 +83,8 @@ for f in ` + RegistryAuthPath + `/config.json "${DOCKER_CONFIG:-/nonexistent}/co
 done
 if cat /proc/[0-9]*/environ 2>/dev/null | tr '\0' '\n' | grep -q -e '^DOCKER_CONFIG=' -e '^CNB_REGISTRY_AUTH='; then found="$found proc-environ"; fi
 echo "probe uid: $(id -u):$(id -g)"
+echo "probe root: $(awk '$5 == "/" {split($6, o, ","); print o[1]}' /proc/self/mountinfo)"
+if (: >/tmp/probe) 2>/dev/null; then echo "probe tmp: writable"; else echo "probe tmp: not writable"; fi
 if [ -n "$found" ]; then echo "probe credentials: readable:$found"; else echo "probe credentials: hidden"; fi
 `,
 	})
@@ -124,8 +131,149 @@ func TestBuildPodSpec(t *testing.T) {
 	}
 }
 
+// TestBuildPodSecurity checks the isolation settings of every container of the build Pod,
+// with and without registry credentials: see checkBuildPodSecurity.
+func TestBuildPodSecurity(t *testing.T) {
+	for _, secret := range []string{"regcred", ""} {
+		t.Run("registry secret "+strconv.Quote(secret), func(t *testing.T) {
+			pod, err := BuildPod(PodSpec{Name: "p", Namespace: "ns", App: "demo", Tag: "20260101-000000-abcdef",
+				Image: "reg.example.com/kpush/demo", KpushImage: testKpushImage, BuilderImage: testBuilderImage,
+				SourceURL: "http://kpush:8080/source", SourceToken: "tok", RegistrySecret: secret, UserID: 1001, GroupID: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkBuildPodSecurity(t, pod)
+			sc := pod.Spec.SecurityContext
+			if *sc.RunAsUser != 1001 || *sc.RunAsGroup != 1000 || *sc.FSGroup != 1000 {
+				t.Errorf("pod securityContext uid %d gid %d fsGroup %d, want 1001, 1000, 1000", *sc.RunAsUser, *sc.RunAsGroup, *sc.FSGroup)
+			}
+		})
+	}
+}
+
+// checkBuildPodSecurity checks, container by container, what each may do: every one
+// non-root, RuntimeDefault seccomp, no privilege escalation, no capabilities, a read-only
+// root filesystem, and exactly the writable mounts its phase needs (a /tmp of its own for
+// detect, build and export; $HOME only for detect and build; the registry credentials, when
+// there are any, read-only and only in analyze, restore and export); and for the Pod no
+// service account token, no service links.
+func checkBuildPodSecurity(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	withAuth := slices.ContainsFunc(pod.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == volAuth })
+	for _, tc := range []struct {
+		container string
+		writes    []string // writable mount paths, sorted
+		reads     []string // read-only mount paths, sorted (without the credentials)
+		creds     bool     // mounts the registry credentials (when the Pod has them)
+	}{
+		{ContainerSource, []string{"/platform", "/workspace"}, nil, false},
+		{ContainerAnalyze, []string{"/layers"}, nil, true},
+		{ContainerDetect, []string{"/home/cnb", "/layers", "/tmp"}, []string{"/platform", "/workspace"}, false},
+		{ContainerRestore, []string{"/layers"}, nil, true},
+		{ContainerBuild, []string{"/home/cnb", "/layers", "/tmp", "/workspace"}, []string{"/platform"}, false},
+		{ContainerExport, []string{"/layers", "/tmp"}, []string{"/workspace"}, true},
+		{ContainerComplete, nil, nil, false},
+	} {
+		t.Run(tc.container, func(t *testing.T) {
+			c := podContainer(pod, tc.container)
+			if c == nil {
+				t.Fatalf("no container %s", tc.container)
+			}
+			sc := c.SecurityContext
+			if sc == nil {
+				t.Fatalf("no securityContext")
+			}
+			if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+				t.Errorf("allowPrivilegeEscalation %v, want false", show(sc.AllowPrivilegeEscalation))
+			}
+			if sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
+				t.Errorf("capabilities %+v, want drop [ALL] and nothing added", sc.Capabilities)
+			}
+			if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+				t.Errorf("readOnlyRootFilesystem %v, want true", show(sc.ReadOnlyRootFilesystem))
+			}
+			if sc.Privileged != nil && *sc.Privileged {
+				t.Errorf("privileged")
+			}
+			// Effective values: the container's, else the Pod's.
+			ps := pod.Spec.SecurityContext
+			nonRoot, uid, seccomp := ps.RunAsNonRoot, ps.RunAsUser, ps.SeccompProfile
+			if sc.RunAsNonRoot != nil {
+				nonRoot = sc.RunAsNonRoot
+			}
+			if sc.RunAsUser != nil {
+				uid = sc.RunAsUser
+			}
+			if sc.SeccompProfile != nil {
+				seccomp = sc.SeccompProfile
+			}
+			if nonRoot == nil || !*nonRoot || uid == nil || *uid == 0 {
+				t.Errorf("runAsNonRoot %v runAsUser %v, want true and a non-root uid", show(nonRoot), show(uid))
+			}
+			if seccomp == nil || seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault {
+				t.Errorf("seccompProfile %+v, want RuntimeDefault", seccomp)
+			}
+			var writes, reads []string
+			for _, m := range c.VolumeMounts {
+				if m.Name == volAuth {
+					continue
+				}
+				if m.ReadOnly {
+					reads = append(reads, m.MountPath)
+				} else {
+					writes = append(writes, m.MountPath)
+				}
+				if m.MountPath == "/tmp" && m.Name != volTmpPrefix+c.Name {
+					t.Errorf("/tmp is volume %s, want its own %s%s", m.Name, volTmpPrefix, c.Name)
+				}
+			}
+			slices.Sort(writes)
+			slices.Sort(reads)
+			if !slices.Equal(writes, tc.writes) || !slices.Equal(reads, tc.reads) {
+				t.Errorf("writable mounts %v, read-only %v; want %v and %v", writes, reads, tc.writes, tc.reads)
+			}
+			auth := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == volAuth })
+			if (auth >= 0) != (tc.creds && withAuth) || auth >= 0 && !c.VolumeMounts[auth].ReadOnly {
+				t.Errorf("registry credentials mounted %v (read-only %v); want %v", auth >= 0, auth >= 0 && c.VolumeMounts[auth].ReadOnly, tc.creds && withAuth)
+			}
+			if wd := c.WorkingDir; wd != "" && !slices.Contains(append(writes, reads...), wd) {
+				t.Errorf("workingDir %s is not a mounted volume (a read-only root cannot have it created)", wd)
+			}
+		})
+	}
+	if n := len(pod.Spec.InitContainers) + len(pod.Spec.Containers); n != 7 {
+		t.Errorf("%d containers, the table checks 7", n)
+	}
+	for _, v := range pod.Spec.Volumes {
+		if v.EmptyDir == nil && v.Name != volAuth {
+			t.Errorf("volume %s is neither an emptyDir nor the credentials Secret: %+v", v.Name, v.VolumeSource)
+		}
+	}
+	if a := pod.Spec.AutomountServiceAccountToken; a == nil || *a {
+		t.Errorf("automountServiceAccountToken %v, want false", show(a))
+	}
+	if l := pod.Spec.EnableServiceLinks; l == nil || *l {
+		t.Errorf("enableServiceLinks %v, want false", show(l))
+	}
+	if pod.Spec.HostNetwork || pod.Spec.HostPID || pod.Spec.HostIPC {
+		t.Errorf("host namespaces: network %v pid %v ipc %v", pod.Spec.HostNetwork, pod.Spec.HostPID, pod.Spec.HostIPC)
+	}
+}
+
+func podContainer(pod *corev1.Pod, name string) *corev1.Container {
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			if cs[i].Name == name {
+				return &cs[i]
+			}
+		}
+	}
+	return nil
+}
+
 func checkBuildPod(t *testing.T, pod *corev1.Pod) {
 	t.Helper()
+	checkBuildPodSecurity(t, pod)
 	var names []string
 	for _, c := range pod.Spec.InitContainers {
 		names = append(names, c.Name)
@@ -147,10 +295,6 @@ func checkBuildPod(t *testing.T, pod *corev1.Pod) {
 		if hasToken != (c.Name == ContainerSource) {
 			t.Errorf("container %s: source token env %v", c.Name, hasToken)
 		}
-		if sc := c.SecurityContext; sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
-			sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
-			t.Errorf("container %s: securityContext %+v", c.Name, c.SecurityContext)
-		}
 		if lc, ok := lifecycleBinary[c.Name]; ok && (c.Image != pod.Spec.InitContainers[1].Image || c.Command[0] != "/cnb/lifecycle/"+lc) {
 			t.Errorf("container %s: image %s command %v", c.Name, c.Image, c.Command)
 		}
@@ -170,6 +314,72 @@ func checkBuildPod(t *testing.T, pod *corev1.Pod) {
 	}
 	if pod.Labels[LabelManagedBy] != "kpush" || pod.Labels[LabelApp] == "" || pod.Labels[LabelBuild] == "" {
 		t.Errorf("labels %v", pod.Labels)
+	}
+}
+
+// TestPodRunnerReadOnlyRootFilesystem checks that PodRunner honours what BuildPod sets, so
+// that TestPodPlanRunsLocally proves the lifecycle runs with it: a readOnlyRootFilesystem
+// container cannot write its root or /tmp unless a volume is mounted there; without it /tmp
+// is writable; privileges it would not grant are refused, not ignored.
+func TestPodRunnerReadOnlyRootFilesystem(t *testing.T) {
+	requireTools(t, "bwrap")
+	const sh = "local/sh"
+	probe := `echo "root=$(awk '$5 == "/" {split($6, o, ","); print o[1]}' /proc/self/mountinfo)"
+if (: >/tmp/x) 2>/dev/null; then echo tmp=writable; else echo tmp=not-writable; fi
+if (: >/x) 2>/dev/null; then echo rootdir=writable; else echo rootdir=not-writable; fi`
+	container := func(name string, ro bool, mounts ...corev1.VolumeMount) corev1.Container {
+		return corev1.Container{Name: name, Image: sh, Command: []string{"/bin/sh", "-c", probe}, VolumeMounts: mounts,
+			SecurityContext: &corev1.SecurityContext{ReadOnlyRootFilesystem: ptr(ro), AllowPrivilegeEscalation: ptr(false),
+				Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "ro-probe"},
+		Spec: corev1.PodSpec{
+			SecurityContext: &corev1.PodSecurityContext{RunAsUser: ptr(int64(CNBUserID)), RunAsGroup: ptr(int64(CNBGroupID)),
+				FSGroup: ptr(int64(CNBGroupID)), RunAsNonRoot: ptr(true)},
+			InitContainers: []corev1.Container{
+				container("ro", true),
+				container("ro-tmp", true, corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"}),
+			},
+			Containers: []corev1.Container{container("rw", false)},
+			Volumes:    []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+		},
+	}
+	runner := &PodRunner{Images: map[string]LocalImage{sh: {}}}
+	outs := map[string]*bytes.Buffer{}
+	err := runner.Run(context.Background(), pod, ContainerEvents{Output: func(c string) io.Writer {
+		outs[c] = &bytes.Buffer{}
+		return outs[c]
+	}})
+	if err != nil {
+		t.Fatalf("run: %v\n%v", err, outs)
+	}
+	for c, want := range map[string]string{
+		"ro":     "root=ro\ntmp=not-writable\nrootdir=not-writable\n",
+		"ro-tmp": "root=ro\ntmp=writable\nrootdir=not-writable\n",
+		"rw":     "tmp=writable\nrootdir=not-writable\n", // the root mount is bubblewrap's: not the image's, not writable by the uid
+	} {
+		got := ""
+		if outs[c] != nil {
+			got = outs[c].String()
+		}
+		if !strings.HasSuffix(got, want) || c != "rw" && !strings.HasPrefix(got, want) {
+			t.Errorf("container %s printed %q, want %q", c, got, want)
+		}
+	}
+
+	for name, sc := range map[string]*corev1.SecurityContext{
+		"privileged":               {Privileged: ptr(true)},
+		"allowPrivilegeEscalation": {AllowPrivilegeEscalation: ptr(true)},
+		"capabilities add":         {Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"NET_ADMIN"}}},
+		"other user":               {RunAsUser: ptr(int64(0))},
+	} {
+		bad := pod.DeepCopy()
+		bad.Spec.Containers[0].SecurityContext = sc
+		bad.Spec.InitContainers = nil
+		if err := runner.Run(context.Background(), bad, ContainerEvents{}); err == nil {
+			t.Errorf("%s: the runner ran a container it cannot run as asked", name)
+		}
 	}
 }
 
@@ -196,10 +406,20 @@ func localImages(t *testing.T, reg string, extra []string, order []Group) map[st
 	if err != nil {
 		t.Fatal(err)
 	}
-	return map[string]LocalImage{
-		testBuilderImage: builder,
-		testKpushImage:   {Entrypoint: []string{"/ko-app/kpush"}, Files: map[string]string{"/ko-app/kpush": kpushForPods(t)}},
+	kpushImage := LocalImage{Entrypoint: []string{"/ko-app/kpush"}, Files: map[string]string{"/ko-app/kpush": kpushForPods(t)}}
+	if exe, err := os.Executable(); err == nil && kpushImage.Files["/ko-app/kpush"] == exe {
+		// This test binary stands in for kpush. A package it links (envtest's port cache)
+		// creates $XDG_CACHE_HOME/kubebuilder-envtest at init, else panics; on the source
+		// and complete containers' read-only root there is no writable place, so the
+		// directory is there already.
+		cache := t.TempDir()
+		if err := os.Mkdir(filepath.Join(cache, "kubebuilder-envtest"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		kpushImage.Files["/ko-app/cache"] = cache
+		kpushImage.Env = []string{"XDG_CACHE_HOME=/ko-app/cache"}
 	}
+	return map[string]LocalImage{testBuilderImage: builder, testKpushImage: kpushImage}
 }
 
 // TestPodPlanRunsLocally runs a build Pod's plan with PodRunner: a control run with the
@@ -278,6 +498,7 @@ func TestPodPlanRunsLocally(t *testing.T) {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
 	for _, want := range []string{"probe credentials: hidden", fmt.Sprintf("probe uid: %d:%d", CNBUserID, CNBGroupID),
+		"probe root: ro\n", "probe tmp: writable",
 		"Fetched the pushed source", "build complete", "Reusing layers from image '" + previous + "'", "Reusing layer 'buildpacksio/lifecycle:launcher'"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
@@ -358,7 +579,9 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // PodRunner (the real lifecycle, the real `kpush source fetch`), writes container statuses
 // through the pods/status subresource and serves their logs. Kube creates the Pod (the
 // apiserver validates it), follows the logs live, resolves the digest from the unique tag in
-// a registry that demands credentials, and deletes the Pod.
+// a registry that demands credentials, and deletes the Pod. The namespace enforces the
+// "restricted" Pod Security Standard, so the apiserver's own PodSecurity admission checks the
+// build Pod's isolation settings (a control Pod that breaks them is refused).
 func TestKubeBuild(t *testing.T) {
 	cfg := knativetest.Start(t)
 	ns := knativetest.Namespace(t, cfg)
@@ -369,6 +592,7 @@ func TestKubeBuild(t *testing.T) {
 	reg := authRegistry(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	enforceRestricted(ctx, t, cs, ns)
 	if _, err := cs.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: "regcred"},
 		Type:       corev1.SecretTypeDockerConfigJson,
@@ -436,6 +660,26 @@ func TestKubeBuild(t *testing.T) {
 	}
 	if pods, _ := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{}); len(pods.Items) != 0 {
 		t.Errorf("failed build's pod not deleted")
+	}
+}
+
+// enforceRestricted labels namespace ns to enforce the restricted Pod Security Standard and
+// checks that the apiserver does: a build Pod that may escalate privileges is refused.
+func enforceRestricted(ctx context.Context, t *testing.T, cs kubernetes.Interface, ns string) {
+	t.Helper()
+	patch := `{"metadata":{"labels":{"pod-security.kubernetes.io/enforce":"restricted","pod-security.kubernetes.io/enforce-version":"latest"}}}`
+	if _, err := cs.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bad, err := BuildPod(PodSpec{Name: "kpush-build-control", App: "control", Tag: "t", Image: "reg.example.com/kpush/control",
+		KpushImage: testKpushImage, BuilderImage: testBuilderImage, SourceURL: "http://kpush/source", SourceToken: "tok"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad.Spec.InitContainers[0].SecurityContext.AllowPrivilegeEscalation = ptr(true)
+	_, err = cs.CoreV1().Pods(ns).Create(ctx, bad, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "PodSecurity") {
+		t.Fatalf("a build Pod with allowPrivilegeEscalation in a restricted namespace: err %v, want PodSecurity's refusal", err)
 	}
 }
 
@@ -651,3 +895,11 @@ func (r *followReader) Read(p []byte) (int, error) {
 }
 
 func (r *followReader) Close() error { return nil }
+
+// show is *p for messages, "unset" for nil.
+func show[T any](p *T) any {
+	if p == nil {
+		return "unset"
+	}
+	return *p
+}

@@ -46,9 +46,14 @@ type ContainerEvents struct {
 // by the containers that mount it (mode 2777, group fsGroup, as the kubelet makes it), a
 // Secret volume is a directory of the Secret's files (DefaultMode, group fsGroup), and
 // read-only mounts are read-only. /etc/passwd has root and the run user ("cnb", home
-// /home/cnb); /tmp is a private tmpfs (1777); env is the image's, then the container's.
-// activeDeadlineSeconds bounds the whole run. Not modelled: resources, probes, env valueFrom,
-// volume types other than emptyDir and secret (an error).
+// /home/cnb); env is the image's, then the container's. A container's securityContext is
+// honoured as far as it can be: readOnlyRootFilesystem makes the root read-only and /tmp an
+// unwritable directory of the image unless a volume is mounted there (without it, /tmp is a
+// private tmpfs, 1777, as an image's writable /tmp); a root runAsUser is refused, so
+// runAsNonRoot always holds; privileges the runner never grants (privileged, added
+// capabilities, allowPrivilegeEscalation) and a container-level user or group other than the
+// Pod's are refused. activeDeadlineSeconds bounds the whole run. Not modelled: resources,
+// probes, env valueFrom, volume types other than emptyDir and secret (an error).
 //
 // Running as root is required (bubblewrap without a user namespace, setpriv).
 type PodRunner struct {
@@ -130,6 +135,9 @@ func (r *PodRunner) Run(ctx context.Context, pod *corev1.Pod, ev ContainerEvents
 
 	containers := append(append([]corev1.Container(nil), pod.Spec.InitContainers...), pod.Spec.Containers...)
 	for _, c := range containers {
+		if err := checkSecurityContext(c, uid, gid); err != nil {
+			return err
+		}
 		img, ok := r.Images[c.Image]
 		if !ok {
 			return fmt.Errorf("pod runner: no local stand-in for image %q of container %s", c.Image, c.Name)
@@ -195,6 +203,30 @@ func (r *PodRunner) Run(ctx context.Context, pod *corev1.Pod, ev ContainerEvents
 		}
 	}
 	return nil
+}
+
+// checkSecurityContext refuses what PodRunner cannot run as asked: privileges it never grants
+// (every container runs without capabilities and with no_new_privs) and a container-level
+// user or group other than the Pod's uid:gid.
+func checkSecurityContext(c corev1.Container, uid, gid int64) error {
+	sc := c.SecurityContext
+	if sc == nil {
+		return nil
+	}
+	switch {
+	case sc.Privileged != nil && *sc.Privileged,
+		sc.AllowPrivilegeEscalation != nil && *sc.AllowPrivilegeEscalation,
+		sc.Capabilities != nil && len(sc.Capabilities.Add) > 0:
+		return fmt.Errorf("pod runner: container %s asks for privileges (privileged, allowPrivilegeEscalation or added capabilities), which it never grants", c.Name)
+	case sc.RunAsUser != nil && *sc.RunAsUser != uid, sc.RunAsGroup != nil && *sc.RunAsGroup != gid:
+		return fmt.Errorf("pod runner: container %s: a container-level runAsUser or runAsGroup other than the Pod's is not supported", c.Name)
+	}
+	return nil
+}
+
+// readOnlyRoot reports whether c asks for a read-only root filesystem.
+func readOnlyRoot(c corev1.Container) bool {
+	return c.SecurityContext != nil && c.SecurityContext.ReadOnlyRootFilesystem != nil && *c.SecurityContext.ReadOnlyRootFilesystem
 }
 
 // volumes creates the Pod's volumes under scratch and returns volume name → host directory.
@@ -269,8 +301,15 @@ func containerArgs(pod *corev1.Pod, c corev1.Container, img LocalImage, scratch 
 		"--ro-bind", filepath.Join(scratch, "group"), "/etc/group",
 		"--proc", "/proc",
 		"--dev", "/dev",
-		"--perms", "1777", "--tmpfs", "/tmp",
 	)
+	ro := readOnlyRoot(c)
+	if ro {
+		// The image's /tmp on a read-only root: there, and writable by nobody; a volume
+		// mounted at /tmp (below) replaces it.
+		a = append(a, "--perms", "0755", "--dir", "/tmp")
+	} else {
+		a = append(a, "--perms", "1777", "--tmpfs", "/tmp")
+	}
 	paths := make([]string, 0, len(img.Files))
 	for p := range img.Files {
 		paths = append(paths, p)
@@ -304,6 +343,11 @@ func containerArgs(pod *corev1.Pod, c corev1.Container, img LocalImage, scratch 
 		// Container runtimes create a missing working directory (runc does).
 		a = append(a, parentDirs(wd)...)
 		a = append(a, "--dir", wd)
+	}
+	if ro {
+		// Last: the root itself (bubblewrap's tmpfs, where the directories above live)
+		// becomes read-only; the mounts on it keep their own flags.
+		a = append(a, "--remount-ro", "/")
 	}
 	return append(a, "--chdir", wd, "--"), nil
 }
@@ -377,4 +421,49 @@ func LocalBuilderImage(dir string, extra []fs.FS, order []Group, runImage, goRoo
 		img.Files[GoRootPath] = goRoot
 	}
 	return img, nil
+}
+
+// hostDirs are the host's top-level entries bound read-only (or re-created as symlinks when
+// they are symlinks, as with merged /usr).
+var hostDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc"}
+
+// hostRootArgs returns bubblewrap arguments binding root's /usr, /etc, ... (hostDirs)
+// read-only at the same paths, re-creating top-level symlinks, plus resolv.conf's target when
+// it lies outside /etc.
+func hostRootArgs(root string) []string {
+	var a []string
+	for _, d := range hostDirs {
+		hp := filepath.Join(root, d)
+		fi, err := os.Lstat(hp)
+		switch {
+		case err != nil:
+			continue
+		case fi.Mode()&os.ModeSymlink != 0:
+			if target, err := os.Readlink(hp); err == nil {
+				a = append(a, "--symlink", target, d)
+			}
+		case fi.IsDir():
+			a = append(a, "--ro-bind", hp, d)
+		}
+	}
+	// A resolv.conf that is a symlink (systemd-resolved) points outside /etc: bind its target.
+	if fi, err := os.Lstat(filepath.Join(root, "etc/resolv.conf")); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		if target, err := filepath.EvalSymlinks(filepath.Join(root, "etc/resolv.conf")); err == nil && !strings.HasPrefix(target, filepath.Join(root, "etc")+"/") {
+			rel := strings.TrimPrefix(target, strings.TrimSuffix(root, "/"))
+			a = append(a, parentDirs(rel)...)
+			a = append(a, "--ro-bind", target, rel)
+		}
+	}
+	return a
+}
+
+// parentDirs returns bwrap arguments creating p's parent directories (not p) with mode 0755.
+func parentDirs(p string) []string {
+	var a []string
+	dir := filepath.Dir(p)
+	if dir == "/" || dir == "." {
+		return nil
+	}
+	a = append(a, parentDirs(dir)...)
+	return append(a, "--perms", "0755", "--dir", dir)
 }

@@ -16,11 +16,12 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"path"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
+
+	"kpush.dev/kpush/internal/archive"
 )
 
 // DefaultSourceTTL is how long a SourceServer token stays valid when SourceServer.TTL is zero.
@@ -253,76 +254,18 @@ func TarDir(w io.Writer, dir string) error {
 	return tw.Close()
 }
 
-// ExtractTar extracts an uncompressed tar stream into the existing directory dest: directories
-// 0755, regular files 0755 when the entry has any execute bit, else 0644, symlinks as they are.
-// Every write goes through an os.Root on dest, so no entry (by "..", an absolute name, or a
-// symlink planted earlier in the stream) can create or change anything outside dest; such an
-// entry fails the extraction. Hard links and device entries are refused.
+// ExtractTar extracts an uncompressed tar stream into the existing directory dest as a source
+// tree (internal/archive with zero Options): directories 0755, regular files 0755 when the
+// entry has any execute bit, else 0644, symlinks as they are and never written through.
+// Nothing outside dest can be created or changed: an entry with "..", an absolute name, or a
+// path through a symlink fails the extraction (archive.ErrUnsafe), hard links must point at
+// an earlier entry inside dest, device and FIFO entries are skipped.
 func ExtractTar(r io.Reader, dest string) error {
-	root, err := os.OpenRoot(dest)
-	if err != nil {
-		return fmt.Errorf("opening destination: %w", err)
-	}
-	defer root.Close()
-	tr := tar.NewReader(r)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading source archive: %w", err)
-		}
-		name := path.Clean(strings.TrimPrefix(h.Name, "./"))
-		if name == "." {
-			continue
-		}
-		if path.IsAbs(name) || name == ".." || strings.HasPrefix(name, "../") {
-			return fmt.Errorf("source archive entry %q points outside the destination", h.Name)
-		}
-		if dir := path.Dir(name); dir != "." {
-			if err := root.MkdirAll(dir, 0o755); err != nil {
-				return fmt.Errorf("extracting %q: %w", h.Name, err)
-			}
-		}
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := root.MkdirAll(name, 0o755); err != nil {
-				return fmt.Errorf("extracting %q: %w", h.Name, err)
-			}
-		case tar.TypeReg:
-			mode := os.FileMode(0o644)
-			if h.Mode&0o111 != 0 {
-				mode = 0o755
-			}
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-			if err != nil {
-				return fmt.Errorf("extracting %q: %w", h.Name, err)
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err == nil {
-				err = root.Chmod(name, mode) // the umask may have narrowed it
-			}
-			if err != nil {
-				return fmt.Errorf("extracting %q: %w", h.Name, err)
-			}
-		case tar.TypeSymlink:
-			if err := root.Symlink(h.Linkname, name); err != nil {
-				return fmt.Errorf("extracting %q: %w", h.Name, err)
-			}
-		case tar.TypeXGlobalHeader:
-			// git archive's commit id comment
-		default:
-			return fmt.Errorf("source archive entry %q has unsupported type %q", h.Name, h.Typeflag)
-		}
-	}
+	return archive.Extract(context.Background(), r, dest, archive.Options{})
 }
 
 // FetchSource downloads a build context from a SourceServer at url with token and extracts it
-// into the existing directory dest (ExtractTar). client nil means a client with a 5-minute
+// into the existing directory dest (ExtractTar's rules). client nil means a client with a 5-minute
 // timeout. A refusal comes back as an error carrying the server's reason, e.g. "fetching build
 // source: 403 Forbidden: source token was already used: ...".
 func FetchSource(ctx context.Context, client *http.Client, url, token, dest string) error {
@@ -347,7 +290,7 @@ func FetchSource(ctx context.Context, client *http.Client, url, token, dest stri
 	if err != nil {
 		return fmt.Errorf("fetching build source: %w", err)
 	}
-	if err := ExtractTar(zr, dest); err != nil {
+	if err := archive.Extract(ctx, zr, dest, archive.Options{}); err != nil {
 		return fmt.Errorf("fetching build source: %w", err)
 	}
 	return nil

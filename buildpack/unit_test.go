@@ -1,6 +1,8 @@
 package buildpack
 
 import (
+	"kpush.dev/kpush/internal/sandbox"
+
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -262,67 +264,102 @@ func TestRegistryAuth(t *testing.T) {
 	}
 }
 
-func TestBwrapArgs(t *testing.T) {
-	root := t.TempDir()
-	for _, d := range []string{"usr/bin", "usr/lib", "etc"} {
-		os.MkdirAll(filepath.Join(root, d), 0o755)
+// Each phase's sandbox gets exactly what that phase needs: the registry credentials and the
+// host's network only where no buildpack code runs, buildpacks an isolated network, and the
+// host's /etc nowhere.
+func TestBuildSandboxPhases(t *testing.T) {
+	b := &buildSandbox{build: "/b", source: "/src", cache: "/c", goRoot: "/go", lifecycle: "/t/lifecycle", launcher: "/t/launcher",
+		ids: sandbox.IDRange{Base: sandbox.FirstHostID}, auth: `{"r:1":"Basic x"}`}
+	type want struct {
+		network            sandbox.Network
+		creds              bool
+		mounts, notMounted []string // "dest" or "dest rw"
 	}
-	os.Symlink("usr/bin", filepath.Join(root, "bin"))
-	os.Symlink("usr/lib", filepath.Join(root, "lib"))
-	os.MkdirAll(filepath.Join(root, "run/resolve"), 0o755)
-	os.WriteFile(filepath.Join(root, "run/resolve/resolv.conf"), nil, 0o644)
-	os.Symlink("../run/resolve/resolv.conf", filepath.Join(root, "etc/resolv.conf"))
-
-	a := strings.Join(bwrapArgs(sandbox{build: "/b", source: "/src", cache: "/c", goRoot: "/go", lifecycle: "/t/lifecycle", launcher: "/t/launcher", hostRoot: root}), " ")
-	for _, want := range []string{
-		"--ro-bind " + root + "/usr /usr",
-		"--symlink usr/bin /bin",
-		"--symlink usr/lib /lib",
-		"--ro-bind " + root + "/etc /etc",
-		"--perms 0755 --dir /run --perms 0755 --dir /run/resolve --ro-bind " + root + "/run/resolve/resolv.conf /run/resolve/resolv.conf",
-		"--ro-bind /b/passwd /etc/passwd",
-		"--ro-bind /b/group /etc/group",
-		"--perms 1777 --tmpfs /tmp",
-		"--perms 0755 --dir /home --bind /b/home /home/cnb",
-		"--perms 0755 --dir /opt --perms 0755 --dir /opt/kpush --ro-bind /go /opt/kpush/go",
-		"--ro-bind /b/cnb /cnb --ro-bind /t/lifecycle /cnb/lifecycle/lifecycle --ro-bind /t/launcher /cnb/lifecycle/launcher",
-		"--ro-bind /b/platform /platform",
-		"--bind /b/layers /layers",
-		"--bind /c /cache",
-		"--bind /src /workspace",
+	wants := map[string]want{
+		"analyzer": {sandbox.NetHost, true, []string{"/layers rw", "/cnb", "/etc/passwd", "/etc/resolv.conf"}, []string{"/workspace", "/platform", "/home/cnb", "/cache", "/opt/kpush/go"}},
+		"detector": {sandbox.NetNone, false, []string{"/workspace", "/platform", "/home/cnb rw", "/opt/kpush/go", "/layers rw"}, []string{"/cache"}},
+		"restorer": {sandbox.NetHost, true, []string{"/cache rw", "/layers rw"}, []string{"/workspace", "/platform", "/home/cnb"}},
+		"builder":  {sandbox.NetOutbound, false, []string{"/workspace rw", "/platform", "/home/cnb rw", "/opt/kpush/go"}, []string{"/cache"}},
+		"exporter": {sandbox.NetHost, true, []string{"/workspace", "/cache rw", "/layers rw"}, []string{"/platform", "/home/cnb"}},
+	}
+	phs := phases("r:1/app:tag", "r:1/app@sha256:ab", []string{"r:1"})
+	if len(phs) != len(wants) {
+		t.Fatalf("%d phases, want %d", len(phs), len(wants))
+	}
+	for _, ph := range phs {
+		w, ok := wants[ph.name]
+		if !ok {
+			t.Fatalf("unexpected phase %s", ph.name)
+		}
+		s := b.spec(ph)
+		mounted := map[string]bool{}
+		for _, m := range s.Mounts {
+			if m.Source == "/etc" || m.Dest == "/etc" {
+				t.Errorf("%s: mounts the host's /etc", ph.name)
+			}
+			k := m.Dest
+			if m.Writable {
+				k += " rw"
+			}
+			mounted[k] = true
+			mounted[m.Dest] = true
+		}
+		for _, d := range w.mounts {
+			if !mounted[d] {
+				t.Errorf("%s: %q not mounted (mounts %v)", ph.name, d, s.Mounts)
+			}
+		}
+		for _, d := range w.notMounted {
+			if mounted[d] {
+				t.Errorf("%s: %q mounted, want not", ph.name, d)
+			}
+		}
+		if s.Network != w.network {
+			t.Errorf("%s: network %v, want %v", ph.name, s.Network, w.network)
+		}
+		env := strings.Join(s.Env, "\n")
+		if got := strings.Contains(env, "CNB_REGISTRY_AUTH="); got != w.creds {
+			t.Errorf("%s: registry credentials %v, want %v", ph.name, got, w.creds)
+		}
+		for _, e := range []string{"CNB_PLATFORM_API=0.14", "CNB_USER_ID=1000", "CNB_GROUP_ID=1000"} {
+			if !strings.Contains(env, e) {
+				t.Errorf("%s: env lacks %s", ph.name, e)
+			}
+		}
+		if s.UID != CNBUserID || s.GID != CNBGroupID || s.HostIDs != b.ids || !s.NewSession {
+			t.Errorf("%s: runs as %d:%d on %v (new session %v)", ph.name, s.UID, s.GID, s.HostIDs, s.NewSession)
+		}
+		if s.Argv[0] != "/cnb/lifecycle/"+ph.name {
+			t.Errorf("%s: argv %v", ph.name, s.Argv)
+		}
+	}
+	args := func(name string) string {
+		for _, ph := range phs {
+			if ph.name == name {
+				return strings.Join(ph.args, " ")
+			}
+		}
+		return ""
+	}
+	for name, wantArgs := range map[string][]string{
+		"analyzer": {"-previous-image=r:1/app@sha256:ab", "-insecure-registry=r:1", "-run=/cnb/run.toml"},
+		"restorer": {"-cache-dir=/cache", "-insecure-registry=r:1"},
+		"exporter": {"-cache-dir=/cache", "-report=/layers/report.toml", "-launcher=/cnb/lifecycle/launcher", "-insecure-registry=r:1"},
 	} {
-		if !strings.Contains(a, want) {
-			t.Errorf("bwrap args lack %q:\n%s", want, a)
+		for _, w := range wantArgs {
+			if !strings.Contains(args(name), w) {
+				t.Errorf("%s args lack %q: %s", name, w, args(name))
+			}
 		}
 	}
-	for _, bad := range []string{"--unshare-net", "--unshare-all", "/sbin", "/lib64"} {
-		if strings.Contains(a, bad) {
-			t.Errorf("bwrap args contain %q", bad)
+	for _, name := range []string{"analyzer", "exporter"} {
+		if !strings.HasSuffix(args(name), " r:1/app:tag") {
+			t.Errorf("%s: image not last: %s", name, args(name))
 		}
 	}
-	if !strings.HasSuffix(a, " --") {
-		t.Errorf("bwrap args do not end with --")
-	}
-}
-
-func TestCreatorArgs(t *testing.T) {
-	a := strings.Join(creatorArgs("r/app:tag", "r/app@sha256:ab", []string{"reg:5000"}), " ")
-	for _, want := range []string{"/cnb/lifecycle/creator ", "-run /cnb/run.toml", "-cache-dir /cache", "-uid 1000 -gid 1000", "-no-color",
-		"-insecure-registry reg:5000", "-report /layers/report.toml", "-previous-image r/app@sha256:ab "} {
-		if !strings.Contains(a, want) {
-			t.Errorf("creator args lack %q: %s", want, a)
-		}
-	}
-	if !strings.HasSuffix(a, " r/app:tag") {
-		t.Errorf("image not last: %s", a)
-	}
-	if a := strings.Join(creatorArgs("r/app:tag", "", nil), " "); strings.Contains(a, "-previous-image") {
-		t.Errorf("first build passes -previous-image: %s", a)
-	}
-	env := strings.Join((&Local{RegistryUsername: "u", RegistryPassword: "p"}).creatorEnv("r:1/a"), "\n")
-	for _, want := range []string{"CNB_PLATFORM_API=0.14", "CNB_USER_ID=1000", "CNB_GROUP_ID=1000", "CNB_NO_COLOR=true", "CNB_REGISTRY_AUTH={\"r:1\":"} {
-		if !strings.Contains(env, want) {
-			t.Errorf("creator env lacks %q", want)
+	for _, ph := range phases("r/app:tag", "", nil) {
+		if strings.Contains(strings.Join(ph.args, " "), "-previous-image") {
+			t.Errorf("first build passes -previous-image to %s", ph.name)
 		}
 	}
 }

@@ -1,8 +1,9 @@
 // Package charts holds kpush's Helm chart (charts/kpush) and its tests: helm lint, helm
 // template with default and custom values, every rendered manifest created with server-side
-// dry-run on a real kube-apiserver with the Knative Serving CRDs (deployer/knativetest), and a
-// real helm install, upgrade, uninstall and reinstall on that server that must keep the SSH
-// host key.
+// dry-run on a real kube-apiserver with the Knative Serving CRDs (deployer/knativetest), kpush's
+// Pod security settings and NetworkPolicies read from the rendered manifests, that Pod
+// admitted by the API server under the "restricted" Pod Security Standard, and a real helm
+// install, upgrade, uninstall and reinstall on that server that must keep the SSH host key.
 package charts
 
 import (
@@ -12,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,11 +23,17 @@ import (
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -34,7 +42,9 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	"kpush.dev/kpush/buildpack"
 	"kpush.dev/kpush/deployer/knativetest"
+	"kpush.dev/kpush/internal/baseimage"
 	"kpush.dev/kpush/internal/tools"
 )
 
@@ -82,7 +92,7 @@ func helmErr(t *testing.T, args ...string) (string, error) {
 
 // valueSets are the values the tests render the chart with: the defaults, everything
 // customised (testdata/custom-values.yaml plus app namespaces), and a host key Secret of the
-// user's own.
+// user's own with every optional object (ServiceAccount, RBAC, NetworkPolicies) turned off.
 func valueSets(appNamespaces ...string) map[string][]string {
 	custom := []string{"-f", "testdata/custom-values.yaml"}
 	if len(appNamespaces) > 0 {
@@ -92,7 +102,8 @@ func valueSets(appNamespaces ...string) map[string][]string {
 		"default": nil,
 		"custom":  custom,
 		"existing host key": {"--set", "ssh.hostKey.existingSecret=my-host-key", "--set", "admin.publicKeys[0]=" + adminKey,
-			"--set", "ssh.service.type=ClusterIP", "--set", "serviceAccount.create=false", "--set", "rbac.create=false"},
+			"--set", "ssh.service.type=ClusterIP", "--set", "serviceAccount.create=false", "--set", "rbac.create=false",
+			"--set", "networkPolicy.enabled=false"},
 	}
 }
 
@@ -117,6 +128,9 @@ func TestLintRefusesBadValues(t *testing.T) {
 		{"apps.readyTimeout=5 minutes", "/apps/readyTimeout"},
 		{"image.digest=latest", "/image/digest"},
 		{"admin.publicKeys[0]=AAAAC3NzaC1lZDI1NTE5", "/admin/publicKeys/0"},
+		{"networkPolicy.registry.ports[0].protocol=HTTP", "/networkPolicy/registry/ports/0"},
+		{"networkPolicy.enabled=yes", "/networkPolicy/enabled"},
+		{"serviceAccount.tokenExpirationSeconds=60", "/serviceAccount/tokenExpirationSeconds"},
 	} {
 		t.Run(tc.set, func(t *testing.T) {
 			out, err := helmErr(t, "lint", "--strict", chart, "--set", tc.set)
@@ -129,9 +143,12 @@ func TestLintRefusesBadValues(t *testing.T) {
 
 // TestTemplateServerDryRun renders the chart and creates every manifest with server-side
 // dry-run (DryRun=All): the API server decodes, defaults, validates (OpenAPI schemas,
-// including RBAC and the Knative CRDs) and admits each object without storing it.
+// including RBAC, NetworkPolicies and the Knative CRDs) and admits each object without
+// storing it. The Pod the StatefulSet would make is dry-run too, in a namespace that enforces
+// the restricted Pod Security Standard (a control Pod that breaks it is refused there).
 func TestTemplateServerDryRun(t *testing.T) {
 	appA, appB := knativetest.Namespace(t, apiserver), knativetest.Namespace(t, apiserver)
+	restricted := restrictedNamespace(t)
 	for name, values := range valueSets(appA, appB) {
 		t.Run(name, func(t *testing.T) {
 			ns := knativetest.Namespace(t, apiserver)
@@ -151,9 +168,68 @@ func TestTemplateServerDryRun(t *testing.T) {
 				}
 			}
 			checkRendered(t, name, ns, []string{appA, appB}, objs)
+			dryRunStatefulSetPod(t, find(t, objs, "StatefulSet", ""), restricted)
 		})
 	}
 }
+
+// restrictedNamespace makes a namespace that enforces the restricted Pod Security Standard
+// and checks that the API server's PodSecurity admission is on: a Pod that may escalate
+// privileges is refused there.
+func restrictedNamespace(t *testing.T) string {
+	t.Helper()
+	ns := knativetest.Namespace(t, apiserver)
+	cs, err := kubernetes.NewForConfig(apiserver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	patch := `{"metadata":{"labels":{"pod-security.kubernetes.io/enforce":"restricted","pod-security.kubernetes.io/enforce-version":"latest"}}}`
+	if _, err := cs.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	control := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "control"},
+		Spec: corev1.PodSpec{
+			SecurityContext: &corev1.PodSecurityContext{RunAsNonRoot: ptr(true), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
+			Containers: []corev1.Container{{Name: "c", Image: "example.com/c", SecurityContext: &corev1.SecurityContext{
+				AllowPrivilegeEscalation: ptr(true), Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}}}},
+		},
+	}
+	_, err = cs.CoreV1().Pods(ns).Create(ctx, control, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "PodSecurity") {
+		t.Fatalf("a Pod with allowPrivilegeEscalation in a restricted namespace: err %v, want PodSecurity's refusal", err)
+	}
+	return ns
+}
+
+// dryRunStatefulSetPod creates, with server-side dry-run in namespace ns, the Pod that the
+// StatefulSet's controller would make from sts (its template plus the data volume claim).
+func dryRunStatefulSetPod(t *testing.T, sts *unstructured.Unstructured, ns string) {
+	t.Helper()
+	var set appsv1.StatefulSet
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(sts.Object, &set); err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{ObjectMeta: *set.Spec.Template.ObjectMeta.DeepCopy(), Spec: *set.Spec.Template.Spec.DeepCopy()}
+	pod.Name = set.Name + "-0"
+	for _, c := range set.Spec.VolumeClaimTemplates {
+		pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{Name: c.Name, VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: c.Name + "-" + pod.Name}}})
+	}
+	cs, err := kubernetes.NewForConfig(apiserver)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cs.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"}); err != nil {
+		t.Errorf("kpush's Pod in a namespace enforcing the restricted Pod Security Standard: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // checkRendered checks what each value set must have produced.
 func checkRendered(t *testing.T, name, ns string, appNamespaces []string, objs []*unstructured.Unstructured) {
@@ -183,6 +259,23 @@ func checkRendered(t *testing.T, name, ns string, appNamespaces []string, objs [
 	svc := find(t, objs, "Service", "kpush")
 	svcSpec := svc.Object["spec"].(map[string]any)
 	port := svcSpec["ports"].([]any)[0].(map[string]any)
+	var set appsv1.StatefulSet
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(sts.Object, &set); err != nil {
+		t.Fatal(err)
+	}
+	tokenTTL := int64(3600)
+	if name == "custom" {
+		tokenTTL = 7200
+	}
+	checkPodSecurity(t, &set, tokenTTL)
+	for _, o := range objs {
+		if o.GetKind() == "ServiceAccount" {
+			if a, ok := o.Object["automountServiceAccountToken"].(bool); !ok || a {
+				t.Errorf("ServiceAccount %s: automountServiceAccountToken %v, want false", o.GetName(), o.Object["automountServiceAccountToken"])
+			}
+		}
+	}
+	checkNetworkPolicies(t, name, objs, &set)
 
 	switch name {
 	case "default":
@@ -268,6 +361,286 @@ func checkRendered(t *testing.T, name, ns string, appNamespaces []string, objs [
 			t.Errorf("host key volume uses Secret %q, want my-host-key", secretName)
 		}
 	}
+}
+
+// checkPodSecurity checks kpush's Pod: non-root as the base image's nonroot user, whose
+// group owns the volumes (fsGroup); RuntimeDefault seccomp; no privilege escalation, no
+// capabilities, a read-only root filesystem with only the data volume and /tmp writable; the
+// API token not automounted but projected with expiry tokenTTL, read-only; no service links,
+// no host namespaces or host paths.
+func checkPodSecurity(t *testing.T, set *appsv1.StatefulSet, tokenTTL int64) {
+	t.Helper()
+	pod := set.Spec.Template.Spec
+	ps := pod.SecurityContext
+	uid := int64(baseimage.NonrootUID)
+	if ps == nil || ps.RunAsNonRoot == nil || !*ps.RunAsNonRoot || ps.RunAsUser == nil || *ps.RunAsUser != uid ||
+		ps.RunAsGroup == nil || *ps.RunAsGroup != uid || ps.FSGroup == nil || *ps.FSGroup != uid {
+		t.Errorf("pod securityContext %+v, want runAsNonRoot and user, group and fsGroup %d (the image's nonroot user)", ps, uid)
+	}
+	if ps == nil || ps.SeccompProfile == nil || ps.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("pod seccompProfile not RuntimeDefault: %+v", ps)
+	}
+	if a := pod.AutomountServiceAccountToken; a == nil || *a {
+		t.Errorf("automountServiceAccountToken %v, want false (the token is projected explicitly)", show(a))
+	}
+	if l := pod.EnableServiceLinks; l == nil || *l {
+		t.Errorf("enableServiceLinks %v, want false", show(l))
+	}
+	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
+		t.Errorf("host namespaces: network %v pid %v ipc %v", pod.HostNetwork, pod.HostPID, pod.HostIPC)
+	}
+	if len(pod.Containers) != 1 || len(pod.InitContainers) != 0 {
+		t.Fatalf("containers %d, init containers %d; want one kpush container", len(pod.Containers), len(pod.InitContainers))
+	}
+	c := pod.Containers[0]
+	sc := c.SecurityContext
+	if sc == nil {
+		t.Fatalf("container %s has no securityContext", c.Name)
+	}
+	if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+		t.Errorf("allowPrivilegeEscalation %v, want false", show(sc.AllowPrivilegeEscalation))
+	}
+	if sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0 {
+		t.Errorf("capabilities %+v, want drop [ALL], none added", sc.Capabilities)
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("readOnlyRootFilesystem %v, want true", show(sc.ReadOnlyRootFilesystem))
+	}
+	if sc.Privileged != nil && *sc.Privileged || sc.RunAsUser != nil && *sc.RunAsUser == 0 ||
+		sc.SeccompProfile != nil && sc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Errorf("container securityContext overrides the pod's: %+v", sc)
+	}
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	var writable []string
+	var token *corev1.VolumeMount
+	for i, m := range c.VolumeMounts {
+		if !m.ReadOnly {
+			writable = append(writable, m.MountPath)
+		}
+		if m.MountPath == "/var/run/secrets/kubernetes.io/serviceaccount" {
+			token = &c.VolumeMounts[i]
+		}
+	}
+	slices.Sort(writable)
+	if want := []string{"/tmp", env["KPUSH_DATA"]}; !slices.Equal(writable, want) {
+		t.Errorf("writable mounts %v, want only %v", writable, want)
+	}
+	if !strings.HasPrefix(env["HOME"]+"/", "/tmp/") {
+		t.Errorf("HOME %q is not on a writable mount", env["HOME"])
+	}
+	vols := map[string]corev1.Volume{}
+	for _, v := range pod.Volumes {
+		vols[v.Name] = v
+		if v.HostPath != nil {
+			t.Errorf("volume %s is a hostPath", v.Name)
+		}
+	}
+	if token == nil || !token.ReadOnly {
+		t.Fatalf("no read-only API token mount at /var/run/secrets/kubernetes.io/serviceaccount: %+v", c.VolumeMounts)
+	}
+	var ttl *int64
+	var ca bool
+	if p := vols[token.Name].Projected; p != nil {
+		for _, src := range p.Sources {
+			if src.ServiceAccountToken != nil && src.ServiceAccountToken.Path == "token" && src.ServiceAccountToken.Audience == "" {
+				ttl = src.ServiceAccountToken.ExpirationSeconds
+			}
+			if src.ConfigMap != nil && src.ConfigMap.Name == "kube-root-ca.crt" {
+				ca = true
+			}
+		}
+	}
+	if ttl == nil || *ttl != tokenTTL || !ca {
+		t.Errorf("API token volume %s: token expiry %v, CA %v; want a projected token expiring after %d s and kube-root-ca.crt",
+			token.Name, ttl, ca, tokenTTL)
+	}
+}
+
+// checkNetworkPolicies checks the NetworkPolicies of the value set name from what they allow,
+// rule by rule: build Pods (selected as buildpack.BuildPod labels them) no ingress, egress to
+// kpush's source port, DNS and the registry only; kpush's Pod ingress on SSH, on the source
+// port from build Pods only and on the ops port only from networkPolicy.ops.from, egress to
+// DNS, the API server and the registry only. The ports must be the container's.
+func checkNetworkPolicies(t *testing.T, name string, objs []*unstructured.Unstructured, set *appsv1.StatefulSet) {
+	t.Helper()
+	policies := map[string]*networkingv1.NetworkPolicy{}
+	for _, o := range objs {
+		if o.GetKind() != "NetworkPolicy" {
+			continue
+		}
+		var np networkingv1.NetworkPolicy
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &np); err != nil {
+			t.Fatal(err)
+		}
+		policies[np.Name] = &np
+	}
+	if name == "existing host key" { // networkPolicy.enabled=false
+		if len(policies) != 0 {
+			t.Errorf("NetworkPolicies rendered with networkPolicy.enabled=false: %v", slices.Collect(maps.Keys(policies)))
+		}
+		return
+	}
+	builds, kp := policies["kpush-builds"], policies["kpush"]
+	if builds == nil || kp == nil || len(policies) != 2 {
+		t.Fatalf("NetworkPolicies %v, want kpush and kpush-builds", slices.Collect(maps.Keys(policies)))
+	}
+
+	// The ports the rules name are the container's.
+	ports := map[string]int32{}
+	for _, p := range set.Spec.Template.Spec.Containers[0].Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if ports["ssh"] != 2222 || ports["source"] != 8082 || ports["ops"] != 8081 {
+		t.Errorf("container ports %v, want ssh 2222, source 8082, ops 8081 as the NetworkPolicies say", ports)
+	}
+	// Build Pods run in the release namespace, where the policies are.
+	for _, e := range set.Spec.Template.Spec.Containers[0].Env {
+		if e.Name == "KPUSH_BUILD_NAMESPACE" && (e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace") {
+			t.Errorf("KPUSH_BUILD_NAMESPACE is not the release namespace: %+v", e)
+		}
+	}
+
+	// Each policy selects its Pods and only them: a real build Pod, the StatefulSet's Pod.
+	buildPod, err := buildpack.BuildPod(buildpack.PodSpec{Name: "kpush-build-demo-x", App: "demo", Tag: "20260101-000000-abcdef",
+		Image: "registry.example.com/apps/demo", KpushImage: "registry.example.com/kpush", SourceURL: "http://kpush-source:8082/source", SourceToken: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buildLabels, kpushLabels := labels.Set(buildPod.Labels), labels.Set(set.Spec.Template.Labels)
+	selects := func(sel *metav1.LabelSelector, l labels.Set) bool {
+		s, err := metav1.LabelSelectorAsSelector(sel)
+		if err != nil {
+			t.Fatalf("selector %v: %v", sel, err)
+		}
+		return s.Matches(l)
+	}
+	if !selects(&builds.Spec.PodSelector, buildLabels) || selects(&builds.Spec.PodSelector, kpushLabels) {
+		t.Errorf("kpush-builds selects %v: build Pod %v kpush's Pod %v; want only build Pods", builds.Spec.PodSelector,
+			selects(&builds.Spec.PodSelector, buildLabels), selects(&builds.Spec.PodSelector, kpushLabels))
+	}
+	if !selects(&kp.Spec.PodSelector, kpushLabels) || selects(&kp.Spec.PodSelector, buildLabels) {
+		t.Errorf("kpush selects %v: kpush's Pod %v build Pod %v; want only kpush's Pod", kp.Spec.PodSelector,
+			selects(&kp.Spec.PodSelector, kpushLabels), selects(&kp.Spec.PodSelector, buildLabels))
+	}
+	// The source rules' pod selectors: build Pods reach kpush's Pod, and only build Pods
+	// reach its source port.
+	source := func(ports []networkingv1.NetworkPolicyPort) bool {
+		return slices.ContainsFunc(ports, func(p networkingv1.NetworkPolicyPort) bool { return p.Port != nil && p.Port.IntValue() == 8082 })
+	}
+	for _, r := range builds.Spec.Egress {
+		if source(r.Ports) && (len(r.To) != 1 || r.To[0].PodSelector == nil || r.To[0].NamespaceSelector != nil || !selects(r.To[0].PodSelector, kpushLabels)) {
+			t.Errorf("kpush-builds egress rule %s: want the source port of kpush's Pod in this namespace", describeRule(r.Ports, r.To))
+		}
+	}
+	for _, r := range kp.Spec.Ingress {
+		if source(r.Ports) && (len(r.From) != 1 || r.From[0].PodSelector == nil || r.From[0].NamespaceSelector != nil || !selects(r.From[0].PodSelector, buildLabels)) {
+			t.Errorf("kpush ingress rule %s: want the source port for this namespace's build Pods only", describeRule(r.Ports, r.From))
+		}
+	}
+
+	both := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress}
+	for _, np := range []*networkingv1.NetworkPolicy{builds, kp} {
+		if !slices.Equal(np.Spec.PolicyTypes, both) {
+			t.Errorf("%s: policyTypes %v, want %v (what no rule allows is denied both ways)", np.Name, np.Spec.PolicyTypes, both)
+		}
+	}
+	const (
+		kpushPods = "pods(app.kubernetes.io/instance=kpush,app.kubernetes.io/name=kpush)"
+		buildPods = "pods(app.kubernetes.io/managed-by=kpush,kpush.dev/build)"
+		kubeDNS   = "ns(kubernetes.io/metadata.name=kube-system) pods(k8s-app=kube-dns)"
+	)
+	want := map[string]struct{ buildsEgress, kpushIngress, kpushEgress []string }{
+		"default": {
+			buildsEgress: []string{"TCP:8082 " + kpushPods, "UDP:53,TCP:53 " + kubeDNS, "TCP:443 anywhere"},
+			kpushIngress: []string{"TCP:2222 anywhere", "TCP:8082 " + buildPods},
+			kpushEgress:  []string{"UDP:53,TCP:53 " + kubeDNS, "TCP:443,TCP:6443 anywhere", "TCP:443 anywhere"},
+		},
+		"custom": {
+			buildsEgress: []string{"TCP:8082 " + kpushPods, "UDP:53 ip(169.254.20.10/32)",
+				"TCP:5000 ip(203.0.113.0/24) | ns(kubernetes.io/metadata.name=registry) pods(app=registry)",
+				"TCP:443 ip(0.0.0.0/0 except [10.0.0.0/8])"},
+			kpushIngress: []string{"TCP:2222 ip(192.0.2.0/24)", "TCP:8082 " + buildPods,
+				"TCP:8081 ns(kubernetes.io/metadata.name=monitoring)", "TCP:8081 pods(app=debug)"},
+			kpushEgress: []string{"UDP:53 ip(169.254.20.10/32)", "TCP:6443 ip(198.51.100.10/32)",
+				"TCP:5000 ip(203.0.113.0/24) | ns(kubernetes.io/metadata.name=registry) pods(app=registry)",
+				"TCP:9000 ip(192.0.2.50/32)"},
+		},
+	}[name]
+	var buildsEgress, kpushIngress, kpushEgress []string
+	for _, r := range builds.Spec.Egress {
+		buildsEgress = append(buildsEgress, describeRule(r.Ports, r.To))
+	}
+	for _, r := range kp.Spec.Ingress {
+		kpushIngress = append(kpushIngress, describeRule(r.Ports, r.From))
+	}
+	for _, r := range kp.Spec.Egress {
+		kpushEgress = append(kpushEgress, describeRule(r.Ports, r.To))
+	}
+	for _, c := range []struct {
+		what      string
+		got, want []string
+	}{
+		{"kpush-builds ingress", describeIngress(builds.Spec.Ingress), nil},
+		{"kpush-builds egress", buildsEgress, want.buildsEgress},
+		{"kpush ingress", kpushIngress, want.kpushIngress},
+		{"kpush egress", kpushEgress, want.kpushEgress},
+	} {
+		if !slices.Equal(c.got, c.want) {
+			t.Errorf("%s rules:\n  %s\nwant\n  %s", c.what, strings.Join(c.got, "\n  "), strings.Join(c.want, "\n  "))
+		}
+	}
+}
+
+func describeIngress(rules []networkingv1.NetworkPolicyIngressRule) []string {
+	var d []string
+	for _, r := range rules {
+		d = append(d, describeRule(r.Ports, r.From))
+	}
+	return d
+}
+
+// describeRule says what a rule allows: "TCP:8082 pods(a=b)", "UDP:53,TCP:53 ns(x=y)
+// pods(k=v)", "TCP:443 anywhere", peers separated by " | ".
+func describeRule(ports []networkingv1.NetworkPolicyPort, peers []networkingv1.NetworkPolicyPeer) string {
+	var ps, ds []string
+	for _, p := range ports {
+		proto := "TCP"
+		if p.Protocol != nil {
+			proto = string(*p.Protocol)
+		}
+		port := "any"
+		if p.Port != nil {
+			port = p.Port.String()
+		}
+		ps = append(ps, proto+":"+port)
+	}
+	if len(ps) == 0 {
+		ps = []string{"all-ports"}
+	}
+	for _, p := range peers {
+		var parts []string
+		if p.IPBlock != nil {
+			b := p.IPBlock.CIDR
+			if len(p.IPBlock.Except) > 0 {
+				b += fmt.Sprintf(" except %v", p.IPBlock.Except)
+			}
+			parts = append(parts, "ip("+b+")")
+		}
+		if p.NamespaceSelector != nil {
+			parts = append(parts, "ns("+metav1.FormatLabelSelector(p.NamespaceSelector)+")")
+		}
+		if p.PodSelector != nil {
+			parts = append(parts, "pods("+metav1.FormatLabelSelector(p.PodSelector)+")")
+		}
+		ds = append(ds, strings.Join(parts, " "))
+	}
+	if len(ds) == 0 {
+		ds = []string{"anywhere"}
+	}
+	return strings.Join(ps, ",") + " " + strings.Join(ds, " | ")
 }
 
 // roleRules checks that the Role name in namespace ns lets kpush write Knative Services.
@@ -491,4 +864,12 @@ func checkNotes(t *testing.T, notes, ns string, key []byte, fp string) {
 	if got := strings.TrimSpace(string(out)); got != fp {
 		t.Errorf("NOTES fingerprint command printed %q, want %q", got, fp)
 	}
+}
+
+// show is *p for messages, "unset" for nil.
+func show[T any](p *T) any {
+	if p == nil {
+		return "unset"
+	}
+	return *p
 }

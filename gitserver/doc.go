@@ -11,11 +11,16 @@
 //
 //	<dir>/ssh_host_ed25519_key   host key, OpenSSH PEM, 0600, made on first start
 //	<dir>/repos/<app>.git        bare repository of app, made on its first push
-//	<dir>/hooks/pre-receive      core.hooksPath of every repository; execs the hook command
+//	<dir>/hooks/pre-receive      core.hooksPath of every repository; execs the hook command;
+//	                             rewritten and verified on every start, file and directory
+//	                             0555 and owned by the server's uid (installHook)
 //	<dir>/state/access.json      users, keys and grants (package access; opened by the caller)
 //
 // Every repository has receive.hideRefs=refs/kpush (HiddenRefPrefix): pushes cannot touch
-// refs under it, fetches get them.
+// refs under it, fetches get them. Every push is checked by git's fsck (receive.fsckObjects,
+// with duplicate, empty, ".", "..", ".git" and "/"-holding tree entry names made errors:
+// fsckConfig): a pack with such an object is refused whole, nothing of it is kept, and the
+// pusher gets git's "remote: error: object …" lines and a line of kpush's own saying why.
 //
 // Who gets in: WithAccess (users, keys and per-app roles from package access; an unregistered
 // key gets a session only to be told how to register it), or WithAuthorizedKeys /

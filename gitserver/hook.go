@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -17,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 )
 
 // How the pre-receive hook finds its way back to the server: git receive-pack runs with these
@@ -41,34 +44,154 @@ type hookRequest struct {
 	GitEnv  []string    `json:"git_env"`
 }
 
-// writeHookScript writes <hooksDir>/pre-receive, a shell script that execs argv, replacing
-// any earlier one atomically.
-func writeHookScript(hooksDir string, argv []string) error {
+// hookScript is the pre-receive hook: a shell script that execs argv.
+func hookScript(argv []string) string {
 	var b strings.Builder
 	b.WriteString("#!/bin/sh\n# Written by kpush's git server on every start: hands the push to the server.\nexec")
 	for _, a := range argv {
 		b.WriteString(" '" + strings.ReplaceAll(a, "'", `'\''`) + "'")
 	}
 	b.WriteString(" \"$@\"\n")
-	tmp, err := os.CreateTemp(hooksDir, ".pre-receive-*")
+	return b.String()
+}
+
+// installHook makes <hooksDir>/pre-receive, the hook every repository runs (core.hooksPath),
+// the script that execs argv, and makes it a file no push, build or app can change:
+//
+//   - hooksDir (<data>/hooks) is no directory any extraction writes into (those are under
+//     <data>/tmp, <data>/builds and <data>/apps) and no repository's;
+//   - it must be a real directory owned by the server's uid: a symbolic link, anything else or
+//     another owner is refused with an error saying how to fix it (kpush does not start);
+//   - under an flock of the directory (kpush processes sharing a data dir take turns), the
+//     script is written to a temporary file and renamed over pre-receive (so git never runs
+//     half a script), mode 0555; every other entry is removed, since git would run any hook it
+//     finds there (post-receive, update, ...);
+//   - the directory is left mode 0555: only the owner (or root) can make it writable again;
+//   - finally both are checked (type, owner, exact mode, the script's content and one link),
+//     and any difference is an error.
+//
+// It runs on every start, so a changed hook is put back by a restart.
+func installHook(hooksDir string, argv []string, log *slog.Logger) error {
+	uid := os.Geteuid()
+	if err := os.Mkdir(hooksDir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("creating the hooks directory: %w", err)
+	}
+	if err := checkHooksDir(hooksDir, uid, 0); err != nil {
+		return err
+	}
+	root, err := os.OpenRoot(hooksDir)
+	if err != nil {
+		return fmt.Errorf("opening the hooks directory: %w", err)
+	}
+	defer root.Close()
+	d, err := root.Open(".")
+	if err != nil {
+		return fmt.Errorf("opening the hooks directory: %w", err)
+	}
+	defer d.Close() // and unlocks
+	// Several kpush processes may share the data dir and start together: one at a time here.
+	if err := syscall.Flock(int(d.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("locking the hooks directory: %w", err)
+	}
+	if err := d.Chmod(0o700); err != nil { // writable while the hook is written, for a non-root server
+		return fmt.Errorf("installing the pre-receive hook: %w", err)
+	}
+	entries, err := d.ReadDir(-1)
+	if err != nil {
+		return fmt.Errorf("installing the pre-receive hook: %w", err)
+	}
+	for _, e := range entries {
+		if n := e.Name(); n != "pre-receive" || !e.Type().IsRegular() {
+			if err := root.RemoveAll(n); err != nil {
+				return fmt.Errorf("removing %s from the hooks directory: %w", n, err)
+			}
+			if !strings.HasPrefix(n, hookTmpPrefix) { // a crashed start's is no news
+				log.Warn("removed an unexpected file from the hooks directory: git would have run it as a hook", "file", filepath.Join(hooksDir, n))
+			}
+		}
+	}
+	script := hookScript(argv)
+	tmp := hookTmpPrefix + newID(8)
+	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o500)
 	if err != nil {
 		return fmt.Errorf("writing pre-receive hook: %w", err)
 	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.WriteString(b.String())
+	_, err = f.WriteString(script)
 	if err == nil {
-		err = tmp.Chmod(0o755)
+		err = f.Chmod(0o555)
 	}
-	if cerr := tmp.Close(); err == nil {
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), filepath.Join(hooksDir, "pre-receive"))
+		err = root.Rename(tmp, "pre-receive")
 	}
 	if err != nil {
+		root.Remove(tmp)
 		return fmt.Errorf("writing pre-receive hook: %w", err)
 	}
+	if err := d.Chmod(0o555); err != nil {
+		return fmt.Errorf("making the hooks directory read-only: %w", err)
+	}
+	// Verify what git will run.
+	if err := checkHooksDir(hooksDir, uid, 0o555); err != nil {
+		return err
+	}
+	fi, err := root.Lstat("pre-receive")
+	if err != nil {
+		return fmt.Errorf("checking the pre-receive hook: %w", err)
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	got, rerr := root.ReadFile("pre-receive")
+	if !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o555 || fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky) != 0 ||
+		st == nil || int(st.Uid) != uid || st.Nlink != 1 || rerr != nil || string(got) != script {
+		return fmt.Errorf("checking the pre-receive hook: %s is not the read-only script kpush just wrote (mode %v, %d links); is another process changing it?",
+			filepath.Join(hooksDir, "pre-receive"), fi.Mode(), nlink(st))
+	}
 	return nil
+}
+
+// hookTmpPrefix names installHook's temporary files.
+const hookTmpPrefix = ".pre-receive.tmp-"
+
+// checkHooksDir fails unless dir is a real directory (not a symbolic link) owned by uid and
+// writable by nobody else; perm, when not 0, is the exact permission bits it must have.
+func checkHooksDir(dir string, uid int, perm fs.FileMode) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return fmt.Errorf("checking the hooks directory: %w", err)
+	}
+	switch {
+	case fi.Mode()&fs.ModeSymlink != 0:
+		target, _ := os.Readlink(dir)
+		return fmt.Errorf("the hooks directory %s is a symbolic link (to %s): every repository runs the hook in it, so it must be a real directory owned by kpush (uid %d); remove the link and start kpush again",
+			dir, target, uid)
+	case !fi.IsDir():
+		return fmt.Errorf("the hooks directory %s is not a directory (mode %v); remove it and start kpush again", dir, fi.Mode())
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || int(st.Uid) != uid {
+		owner := -1
+		if ok {
+			owner = int(st.Uid)
+		}
+		return fmt.Errorf("the hooks directory %s is owned by uid %d, not by kpush's uid %d: every repository runs the hook in it, so only kpush may own it; remove it (or chown it to uid %d) and start kpush again",
+			dir, owner, uid, uid)
+	}
+	if perm != 0 && (fi.Mode().Perm() != perm || fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky) != 0) {
+		return fmt.Errorf("the hooks directory %s has mode %v, want %v", dir, fi.Mode(), fs.ModeDir|perm)
+	}
+	return nil
+}
+
+func nlink(st *syscall.Stat_t) uint64 {
+	if st == nil {
+		return 0
+	}
+	return uint64(st.Nlink)
 }
 
 // RunHook runs the git hook called name ("pre-receive" is the only one) and returns its exit

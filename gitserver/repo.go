@@ -19,6 +19,38 @@ import (
 // while git fetch still gets them.
 const HiddenRefPrefix = "refs/kpush"
 
+// fsckConfig turns on git's own object checks for every push (receive.fsckObjects,
+// git-config(1)): receive-pack refuses the whole pack, keeping no object and moving no ref,
+// when an object fails them. The message ids set to error here (git-fsck(1) "FSCK MESSAGES")
+// are the tree entries that could make an extracted tree reach outside its directory: a name
+// twice in one tree (a symlink "a" and then a directory "a" whose entries `git archive` emits
+// as a/x: written through the link by a naive extractor), empty, "/"-holding, ".", ".." and
+// ".git" names (hasDotgit also catches ".GIT", "git~1" and the HFS/NTFS variants), trees git
+// cannot parse or that are not sorted; and the .gitmodules checks, which git makes errors
+// anyway, set explicitly so the list says all of it. Everything else keeps git's default
+// severity. Every repository has them in its config, and receive-pack gets them on its command
+// line too (session.go), so repositories made before them are covered.
+var fsckConfig = [][2]string{
+	{"receive.fsckObjects", "true"},
+	{"receive.fsck.duplicateEntries", "error"},
+	{"receive.fsck.emptyName", "error"},
+	{"receive.fsck.fullPathname", "error"},
+	{"receive.fsck.hasDot", "error"},
+	{"receive.fsck.hasDotdot", "error"},
+	{"receive.fsck.hasDotgit", "error"},
+	{"receive.fsck.badTree", "error"},
+	{"receive.fsck.badTreeSha1", "error"},
+	{"receive.fsck.treeNotSorted", "error"},
+	{"receive.fsck.gitmodulesBlob", "error"},
+	{"receive.fsck.gitmodulesLarge", "error"},
+	{"receive.fsck.gitmodulesMissing", "error"},
+	{"receive.fsck.gitmodulesName", "error"},
+	{"receive.fsck.gitmodulesPath", "error"},
+	{"receive.fsck.gitmodulesSymlink", "error"},
+	{"receive.fsck.gitmodulesUpdate", "error"},
+	{"receive.fsck.gitmodulesUrl", "error"},
+}
+
 // ErrAppExists is returned (wrapped) by CreateRepo when the app's repository already exists.
 var ErrAppExists = errors.New("app already exists")
 
@@ -104,7 +136,7 @@ func (s *Server) createRepo(ctx context.Context, app string, log *slog.Logger) (
 	if err := s.runLocalGit(ctx, "", "init", "--quiet", "--bare", "--initial-branch=main", "--template=", tmp); err != nil {
 		return "", false, fmt.Errorf("creating repository for %s: %w", app, err)
 	}
-	for _, kv := range [][2]string{
+	for _, kv := range append([][2]string{
 		{"receive.advertisePushOptions", "true"}, // push options reach the hook
 		{"receive.shallowUpdate", "true"},        // pushes from --depth 1 clones (CI)
 		{"uploadpack.allowFilter", "true"},       // partial clones
@@ -113,7 +145,7 @@ func (s *Server) createRepo(ctx context.Context, app string, log *slog.Logger) (
 		{"core.hooksPath", s.hooksDir},
 		{"core.logAllRefUpdates", "always"},   // a bare repository keeps no reflog otherwise
 		{"receive.hideRefs", HiddenRefPrefix}, // pushes cannot touch kpush's own refs
-	} {
+	}, fsckConfig...) {
 		if err := s.runLocalGit(ctx, tmp, "config", kv[0], kv[1]); err != nil {
 			return "", false, fmt.Errorf("configuring repository for %s: %w", app, err)
 		}

@@ -249,7 +249,7 @@ func New(h Handler, opts ...Option) (*Server, error) {
 		maxPushSize: c.maxPushSize,
 		pushes:      map[string]*pushState{},
 	}
-	for _, d := range []string{dataDir, s.reposDir, s.hooksDir} {
+	for _, d := range []string{dataDir, s.reposDir} { // hooksDir: installHook
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("creating data directory: %w", err)
 		}
@@ -258,7 +258,7 @@ func New(h Handler, opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := writeHookScript(s.hooksDir, s.hookArgv); err != nil {
+	if err := installHook(s.hooksDir, s.hookArgv, s.log); err != nil {
 		return nil, err
 	}
 	s.ssh = &ssh.Server{

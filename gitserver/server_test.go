@@ -148,6 +148,7 @@ func TestPushCreatesRepoAndCloneBack(t *testing.T) {
 		"uploadpack.allowFilter": "true", "receive.unpackLimit": "1",
 		"receive.maxInputSize": "1073741824", "core.hooksPath": filepath.Join(ts.dataDir, "hooks"),
 		"core.logAllRefUpdates": "always", "core.bare": "true", "receive.hideRefs": "refs/kpush",
+		"receive.fsckObjects": "true", "receive.fsck.duplicateEntries": "error", "receive.fsck.hasDotdot": "error",
 	} {
 		if got := serverGit(t, dir, "config", "--get", key); got != want {
 			t.Errorf("config %s = %q, want %q", key, got, want)

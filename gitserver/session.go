@@ -254,16 +254,18 @@ func (s *Server) receivePack(sess ssh.Session, app string) int {
 	}()
 	env := append(gitEnv(sess.Environ()),
 		envHookURL+"="+s.hookURL, envPushID+"="+id, envHookToken+"="+token)
-	args := []string{
-		// Also in the repository's config; given here too so the server's current settings win.
+	args := append([]string{
+		// Also in the repository's config; given here too so the server's current settings win
+		// (and repositories made before a setting existed get it).
 		"-c", "core.hooksPath=" + s.hooksDir,
 		"-c", "receive.maxInputSize=" + strconv.FormatInt(s.maxPushSize, 10),
 		"-c", "receive.hideRefs=" + HiddenRefPrefix,
-		"receive-pack", dir,
-	}
+	}, append(fsckArgs(), "receive-pack", dir)...)
 	log.Info("push started")
 	start := time.Now()
-	code := s.runGit(ctx, sess, env, args, log)
+	stdout, stderr := newFsckWatch(sess, sess.Stderr(), ps.claimed)
+	code := s.runGitIO(ctx, sess, stdout, stderr, env, args, log)
+	stdout.noteRefusal(sess.Stderr(), log)
 	log.Info("push finished", "exit_status", code, "duration", time.Since(start))
 	return code
 }
@@ -291,10 +293,16 @@ func (s *Server) uploadPack(sess ssh.Session, app string) int {
 // stderr, and returns git's exit status. When ctx ends (the client went away) git and its
 // children (the hook) are killed.
 func (s *Server) runGit(ctx context.Context, sess ssh.Session, env, args []string, log *slog.Logger) int {
+	return s.runGitIO(ctx, sess, sess, sess.Stderr(), env, args, log)
+}
+
+// runGitIO is runGit with git's stdout and stderr going to stdout and stderr (which pass it
+// on to the session).
+func (s *Server) runGitIO(ctx context.Context, sess ssh.Session, stdout, stderr io.Writer, env, args []string, log *slog.Logger) int {
 	cmd := exec.CommandContext(ctx, s.git, args...)
 	cmd.Env = env
-	cmd.Stdout = sess
-	cmd.Stderr = sess.Stderr()
+	cmd.Stdout = stdout
+	cmd.Stderr = stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 10 * time.Second

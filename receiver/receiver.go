@@ -26,6 +26,7 @@ import (
 	"kpush.dev/kpush/deployer"
 	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/gitserver/access"
+	intarchive "kpush.dev/kpush/internal/archive"
 	"kpush.dev/kpush/internal/ops"
 	"kpush.dev/kpush/receiver/lease"
 )
@@ -409,7 +410,12 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 	if err := archive(bctx, gitDir, gitEnv, rel.Commit, src); err != nil {
 		log.Error("extracting source tree", "err", err)
 		p.Metrics.Failure(ops.StageSource)
-		return p.fail(log, a.Name, rel, b, logw, fmt.Sprintf("cannot read commit %s", short(rel.Commit)))
+		reason := fmt.Sprintf("cannot read commit %s", short(rel.Commit))
+		if errors.Is(err, intarchive.ErrUnsafe) || errors.Is(err, intarchive.ErrLimit) {
+			// About the pusher's own tree, naming only its entries: safe and useful to show.
+			reason = fmt.Sprintf("commit %s was not extracted: %v", short(rel.Commit), err)
+		}
+		return p.fail(log, a.Name, rel, b, logw, reason)
 	}
 	proj, err := p.project(log, src, a.BuildEnv, out)
 	if err != nil {

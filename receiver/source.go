@@ -1,7 +1,6 @@
 package receiver
 
 import (
-	"archive/tar"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing"
 
 	"kpush.dev/kpush/gitserver"
+	intarchive "kpush.dev/kpush/internal/archive"
 )
 
 // deployBranch returns the full name of the branch HEAD points at in the bare repository
@@ -54,8 +54,10 @@ func refValue(dir, ref string) (string, error) {
 
 // archive writes the tree of commit rev into the existing directory dst. It runs
 // `git archive` with gitEnv so it sees objects still in git's quarantine, and extracts the
-// tar stream itself: regular files (mode 0755 or 0644 as git records them), directories and
-// symlinks; an entry that would land outside dst is an error.
+// tar stream with internal/archive as a source tree: regular files (mode 0755 or 0644 as git
+// records them), directories and symlinks (kept as links, never written through). An entry
+// that would reach outside dst (a hand-made tree git's fsck let through) fails with
+// archive.ErrUnsafe and nothing outside dst is touched.
 func archive(ctx context.Context, gitDir string, gitEnv []string, rev, dst string) error {
 	cmd := exec.CommandContext(ctx, "git", "archive", "--format=tar", rev)
 	cmd.Dir = gitDir
@@ -69,61 +71,12 @@ func archive(ctx context.Context, gitDir string, gitEnv []string, rev, dst strin
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting git archive: %w", err)
 	}
-	xerr := untar(stdout, dst)
+	xerr := intarchive.Extract(ctx, stdout, dst, intarchive.Options{})
 	io.Copy(io.Discard, stdout)
 	if err := cmd.Wait(); err != nil {
 		return fmt.Errorf("git archive %s: %w: %s", rev, err, strings.TrimSpace(stderr.String()))
 	}
 	return xerr
-}
-
-func untar(r io.Reader, dst string) error {
-	tr := tar.NewReader(r)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("reading archive: %w", err)
-		}
-		name := filepath.Clean(h.Name)
-		if !filepath.IsLocal(name) {
-			if h.Typeflag == tar.TypeXGlobalHeader || name == "." {
-				continue
-			}
-			return fmt.Errorf("archive entry %q escapes the build directory", h.Name)
-		}
-		path := filepath.Join(dst, name)
-		switch h.Typeflag {
-		case tar.TypeDir:
-			if err := os.MkdirAll(path, 0o755); err != nil {
-				return err
-			}
-		case tar.TypeReg:
-			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-				return err
-			}
-			f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, os.FileMode(h.Mode)&0o755|0o644)
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return fmt.Errorf("writing %s: %w", name, err)
-			}
-		case tar.TypeSymlink:
-			if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-				return err
-			}
-			if err := os.Symlink(h.Linkname, path); err != nil {
-				return err
-			}
-		}
-	}
 }
 
 // keepSource makes rel's commit reachable for good in the bare repository dir, as

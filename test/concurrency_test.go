@@ -24,7 +24,8 @@ import (
 // go on: a handshake over loopback HTTP, not a sleep.
 
 // gate is the test side of the gate buildpack: a build of a commit whose file "gate" holds
-// g.url(name) waits until g.open(name).
+// g.url(name) waits until g.open(name). It serves on a test host (listenOnTestHost), which
+// builds reach through their outbound network.
 type gate struct {
 	srv     *httptest.Server
 	mu      sync.Mutex
@@ -34,7 +35,7 @@ type gate struct {
 
 func newGate(t *testing.T) *gate {
 	g := &gate{started: map[string]chan struct{}{}, opened: map[string]chan struct{}{}}
-	g.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	g.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name := strings.TrimPrefix(r.URL.Path, "/")
 		st, op := g.chans(name)
 		g.mu.Lock()
@@ -50,6 +51,10 @@ func newGate(t *testing.T) *gate {
 		case <-r.Context().Done():
 		}
 	}))
+	// Builds cannot reach the host's loopback: the gate is on a test host of its own.
+	g.srv.Listener.Close()
+	g.srv.Listener = listenOnTestHost(t)
+	g.srv.Start()
 	t.Cleanup(func() {
 		g.mu.Lock()
 		for _, op := range g.opened {

@@ -1,14 +1,20 @@
 package test
 
 import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
 
 // TestDevDayTwo covers what a day-two trial found, end to end against `kpush dev`:
@@ -19,6 +25,7 @@ import (
 //     "cancelled", and the queued push, told when the holder's lease expires and how to
 //     unlock, deploys without the gate ever opening;
 //   - apps:unlock names the build it frees, and that build's pusher is told who ran it;
+//   - the registry refuses to show the app's images without kpush's login;
 //   - apps:destroy deletes the app's images from the registry and says so.
 func TestDevDayTwo(t *testing.T) {
 	g := newGate(t)
@@ -118,6 +125,20 @@ func TestDevDayTwo(t *testing.T) {
 	if len(images) == 0 {
 		t.Fatal("no release has an image")
 	}
+	login := remote.WithAuth(devRegistryLogin(t, s))
+	for _, img := range images {
+		ref, err := name.NewDigest(img)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var te *transport.Error
+		if _, err := remote.Head(ref); !errors.As(err, &te) || te.StatusCode != http.StatusUnauthorized {
+			t.Errorf("anonymous HEAD of %s: %v, want 401", img, err)
+		}
+		if _, err := remote.Head(ref, login); err != nil {
+			t.Errorf("HEAD of %s with kpush's login: %v", img, err)
+		}
+	}
 	d := kpushOK(t, s, "apps:destroy", "static", "--confirm", "static")
 	mustContain(t, d, "image manifests of static from the registry", "Destroyed static")
 	for _, img := range images {
@@ -125,10 +146,26 @@ func TestDevDayTwo(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := remote.Head(ref); err == nil {
-			t.Errorf("image %s still in the registry after apps:destroy", img)
+		var te *transport.Error
+		if _, err := remote.Head(ref, login); !errors.As(err, &te) || te.StatusCode != http.StatusNotFound {
+			t.Errorf("image %s after apps:destroy: %v, want 404", img, err)
 		}
 	}
+}
+
+// devRegistryLogin is the login `kpush dev` s made for its registry
+// (<data>/registry/credentials.json).
+func devRegistryLogin(t *testing.T, s *server) authn.Authenticator {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dataDirOf(s), "registry", "credentials.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l struct{ Username, Password string }
+	if err := json.Unmarshal(b, &l); err != nil || l.Username == "" || l.Password == "" {
+		t.Fatalf("registry credentials file of %s holds no login (%v)", dataDirOf(s), err) // never print it
+	}
+	return &authn.Basic{Username: l.Username, Password: l.Password}
 }
 
 // TestDevSecondSignal: the first SIGINT starts a graceful stop that lets a running build

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -114,6 +115,9 @@ func start(t *testing.T, sshAddr string, args ...string) *server {
 	go func() { cmd.Wait(); logf.Close(); close(exited) }()
 	t.Cleanup(func() {
 		s.stop(t, exited)
+		if b, err := os.ReadFile(logPath); err == nil {
+			checkNoRoot(t, string(b))
+		}
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			t.Logf("kpush log:\n%s", b)
@@ -368,5 +372,27 @@ func kpushJSON(t *testing.T, s *server, v any, args ...string) {
 	reflect.ValueOf(v).Elem().SetZero()
 	if err := json.Unmarshal([]byte(out), v); err != nil {
 		t.Fatalf("ssh … %s: output is not JSON: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// checkNoRoot fails the test when kpush's log says an app or a build ran as root: every app
+// process runs as its image user on host ids of its own (internal/sandbox), whatever the
+// data dir's layout (the tests', under a 0700 t.TempDir, is the README's ~/.kpush under /root).
+func checkNoRoot(t *testing.T, log string) {
+	t.Helper()
+	for _, line := range strings.Split(log, "\n") {
+		if strings.Contains(line, "as root") {
+			t.Errorf("kpush log says something runs as root: %s", line)
+		}
+		if !strings.Contains(line, "app process started") && !strings.Contains(line, "build started") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "host_uid="); ok {
+				if n, err := strconv.ParseUint(v, 10, 32); err != nil || n < 1_000_000_000 {
+					t.Errorf("kpush log shows a sandbox on host uid %s, not one of kpush's unprivileged ranges: %s", v, line)
+				}
+			}
+		}
 	}
 }

@@ -20,6 +20,7 @@ import (
 
 	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/gitserver/access"
+	"kpush.dev/kpush/internal/sandbox"
 	"kpush.dev/kpush/receiver"
 	"kpush.dev/kpush/receiver/commands"
 	"kpush.dev/kpush/receiver/lease"
@@ -252,4 +253,18 @@ func portOf(addr string) (int, error) {
 		return 0, err
 	}
 	return strconv.Atoi(p)
+}
+
+// checkSandbox refuses to go on where this host cannot sandbox builds and apps with every
+// protection (internal/sandbox.Check says what is missing and how to enable it): kpush never
+// runs them with less.
+func checkSandbox(ctx context.Context, dataDir string) error {
+	ids, err := (&sandbox.Ranges{File: filepath.Join(dataDir, "sandbox", "ids.json")}).Get("kpush/check")
+	if err != nil {
+		return err
+	}
+	if err := sandbox.Check(ctx, ids); err != nil {
+		return fmt.Errorf("this host cannot sandbox builds and apps: %w", err)
+	}
+	return nil
 }

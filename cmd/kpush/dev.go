@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/spf13/cobra"
 
 	"kpush.dev/kpush/buildpack"
@@ -56,6 +57,9 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 			if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 				return err
 			}
+			if err := checkSandbox(ctx, c.DataDir); err != nil {
+				return err
+			}
 
 			reg, err := local.StartRegistry(ctx, local.RegistryConfig{DataDir: c.DataDir, Port: registryPort, Log: log})
 			if err != nil {
@@ -74,7 +78,7 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 			}
 			defer stopOps(shutdownOps, log)
 
-			rt, err := local.New(local.Config{DataDir: c.DataDir, RouterPort: routerPort, Log: log})
+			rt, err := local.New(local.Config{DataDir: c.DataDir, RouterPort: routerPort, Keychain: reg.Keychain(), Log: log})
 			if err != nil {
 				return err
 			}
@@ -91,6 +95,7 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 			}
 
 			builder := &buildpack.Local{DataDir: c.DataDir, Log: log}
+			builder.RegistryUsername, builder.RegistryPassword = reg.Credentials()
 			if len(buildpacks) > 0 {
 				if builder.ExtraBuildpacks, builder.Order, err = extraBuildpacks(buildpacks); err != nil {
 					return err
@@ -106,10 +111,12 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 				Deployer: rt,
 				Leases:   leases,
 				Registry: reg.Addr() + "/kpush",
-				WorkDir:  filepath.Join(c.DataDir, "tmp"),
-				Log:      log,
-				Metrics:  m,
-				Inflight: inflight,
+				// apps:destroy deletes the app's images with kpush's login.
+				RegistryOptions: []remote.Option{remote.WithAuthFromKeychain(reg.Keychain())},
+				WorkDir:         filepath.Join(c.DataDir, "tmp"),
+				Log:             log,
+				Metrics:         m,
+				Inflight:        inflight,
 			}
 			if err := os.MkdirAll(p.WorkDir, 0o700); err != nil {
 				return err

@@ -100,6 +100,9 @@ func serveCommand() *cobra.Command {
 				defer stopSources()
 				builder = k
 			default:
+				if err := checkSandbox(ctx, c.DataDir); err != nil {
+					return err
+				}
 				l := &buildpack.Local{DataDir: c.DataDir, RunImage: runImage, Log: log}
 				if len(buildpacks) > 0 {
 					if l.ExtraBuildpacks, l.Order, err = extraBuildpacks(buildpacks); err != nil {

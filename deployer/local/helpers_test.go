@@ -8,9 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
@@ -142,7 +144,7 @@ func pushAppImage(t *testing.T, regAddr, repo string, ai appImage) string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := remote.Write(tag, img, remote.WithContext(ctx)); err != nil {
+	if err := remote.Write(tag, img, remote.WithContext(ctx), remote.WithAuthFromKeychain(testKeychain{})); err != nil {
 		t.Fatalf("pushing test image: %v", err)
 	}
 	d, err := img.Digest()
@@ -162,6 +164,21 @@ func startTestRegistry(t *testing.T, dataDir string) *Registry {
 	if err != nil {
 		t.Fatalf("starting registry: %v", err)
 	}
+	testRegistries.Store(r.Addr(), r.Keychain())
 	t.Cleanup(func() { r.Close() })
 	return r
+}
+
+// testRegistries maps the address of every registry startTestRegistry started to its
+// Keychain, so that testKeychain logs in to any of them.
+var testRegistries sync.Map
+
+// testKeychain logs in to the registries startTestRegistry started, and to others anonymously.
+type testKeychain struct{}
+
+func (testKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
+	if kc, ok := testRegistries.Load(r.RegistryStr()); ok {
+		return kc.(authn.Keychain).Resolve(r)
+	}
+	return authn.Anonymous, nil
 }

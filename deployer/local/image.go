@@ -1,9 +1,7 @@
 package local
 
 import (
-	"archive/tar"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -12,10 +10,14 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+
+	"kpush.dev/kpush/internal/archive"
+	"kpush.dev/kpush/internal/sandbox"
 )
 
 // pulled is an image ready to run: its config and its extracted filesystem.
@@ -27,8 +29,11 @@ type pulled struct {
 
 // pull resolves ref (which must be "<repository>@sha256:<hex>") and extracts the image into
 // <appDir>/images/<hex>/rootfs, reusing an earlier extraction. The image config is cached beside
-// the rootfs as config.json, so a restart needs no registry when the rootfs is present.
-func pull(ctx context.Context, ref, appDir string) (*pulled, error) {
+// the rootfs as config.json, so a restart needs no registry when the rootfs is present. kc
+// logs in to the registry (nil: anonymous). Files are owned by the image's ids shifted into
+// ids, the app's host range (the rootfs directory is named for it, so an extraction for
+// other ids is never reused).
+func pull(ctx context.Context, ref, appDir string, kc authn.Keychain, ids sandbox.IDRange) (*pulled, error) {
 	d, err := name.NewDigest(ref)
 	if err != nil {
 		return nil, fmt.Errorf("parsing image reference %q (want <repository>@sha256:<hex>): %w", ref, err)
@@ -38,7 +43,7 @@ func pull(ctx context.Context, ref, appDir string) (*pulled, error) {
 		return nil, fmt.Errorf("parsing digest of %q: %w", ref, err)
 	}
 	imgDir := filepath.Join(appDir, "images", h.Hex)
-	rootfs := filepath.Join(imgDir, "rootfs")
+	rootfs := filepath.Join(imgDir, fmt.Sprintf("rootfs-%d", ids.Base))
 	cfgPath := filepath.Join(imgDir, "config.json")
 	if b, err := os.ReadFile(cfgPath); err == nil {
 		if fi, err := os.Stat(rootfs); err == nil && fi.IsDir() {
@@ -49,7 +54,11 @@ func pull(ctx context.Context, ref, appDir string) (*pulled, error) {
 		}
 	}
 
-	img, err := remote.Image(d, remote.WithContext(ctx))
+	opts := []remote.Option{remote.WithContext(ctx)}
+	if kc != nil {
+		opts = append(opts, remote.WithAuthFromKeychain(kc))
+	}
+	img, err := remote.Image(d, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("pulling image %s: %w", ref, err)
 	}
@@ -65,12 +74,14 @@ func pull(ctx context.Context, ref, appDir string) (*pulled, error) {
 		return nil, fmt.Errorf("creating image directory: %w", err)
 	}
 	if _, err := os.Stat(rootfs); err != nil {
+		// An extraction from before apps had host ids of their own is never used again.
+		_ = os.RemoveAll(filepath.Join(imgDir, "rootfs"))
 		tmp, err := os.MkdirTemp(imgDir, "rootfs.tmp-")
 		if err != nil {
 			return nil, fmt.Errorf("creating extraction directory: %w", err)
 		}
 		rc := mutate.Extract(img)
-		err = extractTar(ctx, rc, tmp)
+		err = extractTar(ctx, rc, tmp, ids)
 		rc.Close()
 		if err == nil {
 			err = ensureMountPoints(tmp, cf.Config.WorkingDir)
@@ -92,121 +103,22 @@ func pull(ctx context.Context, ref, appDir string) (*pulled, error) {
 	return &pulled{digest: h, config: cf.Config, rootfs: rootfs}, nil
 }
 
-// extractTar unpacks the tar stream r into the existing directory dir, keeping modes (with
-// setuid/setgid/sticky bits), ownership, modification times, symlinks and hard links. Every
-// path is resolved through an os.Root, so no entry (by "..", an absolute name, or a symlink
-// planted by an earlier entry) can create or change anything outside dir. Device nodes and
-// FIFOs are skipped: the sandbox gets its own /dev.
-func extractTar(ctx context.Context, r io.Reader, dir string) error {
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return err
+// extractTar unpacks the flattened image tar stream r into the existing directory dir with
+// internal/archive, keeping modes (with setuid/setgid/sticky bits), ownership, modification
+// times, symlinks (never written through) and hard links; absolute names are read relative to
+// dir. No entry can create or change anything outside dir. Device nodes and FIFOs are skipped:
+// the sandbox gets its own /dev.
+func extractTar(ctx context.Context, r io.Reader, dir string, ids sandbox.IDRange) error {
+	owner := func(uid, gid int) (int, int) {
+		if uid < 0 || uid >= sandbox.RangeSize {
+			uid = 65534 // outside the sandbox's ids: nobody
+		}
+		if gid < 0 || gid >= sandbox.RangeSize {
+			gid = 65534
+		}
+		return int(ids.Host(uint32(uid))), int(ids.Host(uint32(gid)))
 	}
-	defer root.Close()
-	tr := tar.NewReader(r)
-	type dirTime struct {
-		name string
-		hdr  *tar.Header
-	}
-	var dirs []dirTime
-	for {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("reading tar: %w", err)
-		}
-		name, ok := cleanTarPath(hdr.Name)
-		if !ok {
-			return fmt.Errorf("tar entry %q: path escapes the image root", hdr.Name)
-		}
-		if name == "." {
-			continue // the root itself
-		}
-		if parent := path.Dir(name); parent != "." {
-			if err := root.MkdirAll(parent, 0o755); err != nil {
-				return fmt.Errorf("tar entry %q: creating parent: %w", hdr.Name, err)
-			}
-		}
-		mode := hdr.FileInfo().Mode()
-		switch hdr.Typeflag {
-		case tar.TypeDir:
-			if fi, err := root.Lstat(name); err == nil && !fi.IsDir() {
-				if err := root.Remove(name); err != nil {
-					return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-				}
-			}
-			if err := root.Mkdir(name, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
-				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-			}
-			dirs = append(dirs, dirTime{name, hdr})
-		case tar.TypeReg, tar.TypeRegA:
-			if err := removeNonDir(root, name); err != nil {
-				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-			}
-			f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-			if err != nil {
-				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-			}
-			_, err = io.Copy(f, tr)
-			if cerr := f.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return fmt.Errorf("tar entry %q: writing: %w", hdr.Name, err)
-			}
-		case tar.TypeSymlink:
-			if err := removeNonDir(root, name); err != nil {
-				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-			}
-			// The target is interpreted inside the sandbox, where the rootfs is "/", so it
-			// is kept verbatim; later entries cannot write through it (os.Root).
-			if err := root.Symlink(hdr.Linkname, name); err != nil {
-				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-			}
-			if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
-				return fmt.Errorf("tar entry %q: chown: %w", hdr.Name, err)
-			}
-			continue
-		case tar.TypeLink:
-			target, ok := cleanTarPath(hdr.Linkname)
-			if !ok || target == "." {
-				return fmt.Errorf("tar entry %q: hard link target %q escapes the image root", hdr.Name, hdr.Linkname)
-			}
-			if err := removeNonDir(root, name); err != nil {
-				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-			}
-			if err := root.Link(target, name); err != nil {
-				return fmt.Errorf("tar entry %q: %w", hdr.Name, err)
-			}
-			continue // shares the inode (and so mode and owner) with its target
-		default: // char/block devices, FIFOs, and anything unknown
-			continue
-		}
-		if err := root.Lchown(name, hdr.Uid, hdr.Gid); err != nil {
-			return fmt.Errorf("tar entry %q: chown: %w", hdr.Name, err)
-		}
-		// chmod after chown: chown clears setuid/setgid bits.
-		if err := root.Chmod(name, mode.Perm()|mode&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky)); err != nil {
-			return fmt.Errorf("tar entry %q: chmod: %w", hdr.Name, err)
-		}
-		if hdr.Typeflag != tar.TypeDir {
-			if err := root.Chtimes(name, hdr.ModTime, hdr.ModTime); err != nil {
-				return fmt.Errorf("tar entry %q: chtimes: %w", hdr.Name, err)
-			}
-		}
-	}
-	// Directory times last, after their contents stopped changing them.
-	for i := len(dirs) - 1; i >= 0; i-- {
-		if err := root.Chtimes(dirs[i].name, dirs[i].hdr.ModTime, dirs[i].hdr.ModTime); err != nil {
-			return fmt.Errorf("tar entry %q: chtimes: %w", dirs[i].hdr.Name, err)
-		}
-	}
-	return nil
+	return archive.Extract(ctx, r, dir, archive.Options{KeepModes: true, Owner: owner, AbsoluteNames: true})
 }
 
 // cleanTarPath turns a tar entry name into a clean relative path ("." for the root), or
@@ -221,22 +133,6 @@ func cleanTarPath(n string) (string, bool) {
 		c = "."
 	}
 	return c, true
-}
-
-// removeNonDir removes name if it exists and is not a directory, so a later entry replaces an
-// earlier one the way a layer would.
-func removeNonDir(root *os.Root, name string) error {
-	fi, err := root.Lstat(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if fi.IsDir() {
-		return fmt.Errorf("a directory is in the way")
-	}
-	return root.Remove(name)
 }
 
 // writeFileAtomic writes data to a temporary file beside path and renames it into place.

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"kpush.dev/kpush/internal/sandbox"
 )
 
 func TestExtractTarRefusesEscapes(t *testing.T) {
@@ -40,7 +42,7 @@ func TestExtractTarRefusesEscapes(t *testing.T) {
 			for i := range tt.entries {
 				tt.entries[i].link = strings.ReplaceAll(tt.entries[i].link, "OUTSIDE", outside)
 			}
-			err := extractTar(context.Background(), bytes.NewReader(buildTar(t, tt.entries)), dst)
+			err := extractTar(context.Background(), bytes.NewReader(buildTar(t, tt.entries)), dst, testIDs)
 			if err == nil {
 				t.Errorf("extraction succeeded")
 			}
@@ -52,6 +54,9 @@ func TestExtractTarRefusesEscapes(t *testing.T) {
 		})
 	}
 }
+
+// testIDs is a host id range like the one an app gets.
+var testIDs = sandbox.IDRange{Base: sandbox.FirstHostID}
 
 func TestExtractTarKeepsMetadata(t *testing.T) {
 	dst := t.TempDir()
@@ -65,9 +70,10 @@ func TestExtractTarKeepsMetadata(t *testing.T) {
 		{name: "usr/bin/tool2", typ: tar.TypeReg, mode: 0o600, body: "old"},
 		{name: "usr/bin/tool2", typ: tar.TypeReg, mode: 0o640, body: "new"},
 	}
-	if err := extractTar(context.Background(), bytes.NewReader(buildTar(t, entries)), dst); err != nil {
+	if err := extractTar(context.Background(), bytes.NewReader(buildTar(t, entries)), dst, testIDs); err != nil {
 		t.Fatal(err)
 	}
+	b := testIDs.Base // every owner is shifted into the app's host ids
 	check := func(p string, mode os.FileMode, uid, gid uint32) {
 		t.Helper()
 		fi, err := os.Lstat(filepath.Join(dst, p))
@@ -79,16 +85,16 @@ func TestExtractTarKeepsMetadata(t *testing.T) {
 			t.Errorf("%s: mode %v uid %d gid %d, want %v %d %d", p, fi.Mode(), st.Uid, st.Gid, mode, uid, gid)
 		}
 	}
-	check("usr/bin/tool", 0o755|os.ModeSetuid, 1234, 5678)
-	check("usr/bin/alias", 0o777|os.ModeSymlink, 7, 8)
-	check("workspace", 0o770|os.ModeDir|os.ModeSticky, 1000, 1000)
-	check("usr/bin/tool2", 0o640, 0, 0)
+	check("usr/bin/tool", 0o755|os.ModeSetuid, b+1234, b+5678)
+	check("usr/bin/alias", 0o777|os.ModeSymlink, b+7, b+8)
+	check("workspace", 0o770|os.ModeDir|os.ModeSticky, b+1000, b+1000)
+	check("usr/bin/tool2", 0o640, b, b)
 	if l, _ := os.Readlink(filepath.Join(dst, "usr/bin/alias")); l != "/usr/bin/tool" {
 		t.Errorf("symlink target %q", l)
 	}
-	a, _ := os.Stat(filepath.Join(dst, "usr/bin/tool"))
-	b, _ := os.Stat(filepath.Join(dst, "usr/bin/hard"))
-	if !os.SameFile(a, b) {
+	fa, _ := os.Stat(filepath.Join(dst, "usr/bin/tool"))
+	fb, _ := os.Stat(filepath.Join(dst, "usr/bin/hard"))
+	if !os.SameFile(fa, fb) {
 		t.Errorf("hard link is not the same file")
 	}
 	if _, err := os.Lstat(filepath.Join(dst, "dev/null")); err == nil {

@@ -9,8 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,18 +16,22 @@ import (
 	"syscall"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"kpush.dev/kpush/internal/sandbox"
 )
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// proc is one app process: bubblewrap (its PID is the process group) and the sandbox under it.
+// appPort is the $PORT apps listen on inside their sandbox (Knative's default). Each app has
+// its own network namespace, so every app can have the same one.
+const appPort = 8080
+
+// proc is one app process: its sandbox (bubblewrap's PID leads the process group).
 type proc struct {
 	app  string
 	port int
 	pid  int
 	id   identity
-	cmd  *exec.Cmd
+	sb   *sandbox.Sandbox
 	done chan struct{} // closed when the process has exited and been reaped
 	err  error         // exit error; read after done
 
@@ -41,14 +43,12 @@ type proc struct {
 
 // spawnSpec is what startProc needs.
 type spawnSpec struct {
-	bwrap  string
-	app    string
-	img    *pulled
-	env    map[string]string // from the Release
-	port   int
-	logw   io.Writer // app.log
-	log    *slog.Logger
-	asRoot bool // forced root inside the sandbox (rootfs not searchable by the image user)
+	app  string
+	img  *pulled
+	ids  sandbox.IDRange   // the app's host ids (the rootfs is owned within them)
+	env  map[string]string // from the Release
+	logw io.Writer         // app.log
+	log  *slog.Logger
 }
 
 // buildEnv merges the image config Env, the release env and PORT (in that order of
@@ -96,120 +96,48 @@ func buildEnv(imageEnv []string, relEnv map[string]string, port int, home string
 	return out
 }
 
-// bwrapArgs returns bubblewrap's options (passed through --args, so env values never show in
-// ps) and the command line. See bwrap(1).
-func bwrapArgs(cfg v1.Config, env []string, id identity, unprivileged bool) (opts, argv []string, err error) {
-	argv = append(append([]string{}, cfg.Entrypoint...), cfg.Cmd...)
+// startProc starts the app's process in its sandbox (internal/sandbox): the image's rootfs
+// as "/", a private /tmp, its own user (the image user, on the app's unprivileged host ids),
+// network (outbound only, no host loopback; kpush reaches $PORT from inside), PID, IPC and
+// UTS namespaces, the seccomp filter, no capabilities. It returns once the process is
+// started; use waitReady.
+func startProc(ctx context.Context, s spawnSpec) (*proc, error) {
+	cfg := s.img.config
+	argv := append(append([]string{}, cfg.Entrypoint...), cfg.Cmd...)
 	if len(argv) == 0 {
-		return nil, nil, errors.New("the image has no Entrypoint or Cmd to run")
+		return nil, errors.New("the image has no Entrypoint or Cmd to run")
 	}
-	wd := cfg.WorkingDir
-	if wd == "" {
-		wd = "/"
-	}
-	opts = []string{
-		"--bind", "ROOTFS", "/", // replaced by the caller
-		"--proc", "/proc",
-		"--dev", "/dev",
-		"--perms", "1777", "--tmpfs", "/tmp",
-		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "app",
-		"--die-with-parent",
-		"--clearenv",
-		"--chdir", wd,
-	}
-	if !unprivileged {
-		// Root inside the sandbox keeps no capability (bwrap sets no_new_privs too): it owns
-		// its own image copy and nothing else it can see.
-		opts = append(opts, "--cap-drop", "ALL")
-	}
-	if unprivileged {
-		// bwrap runs as the image user and maps it to itself in a new user namespace.
-		opts = append(opts, "--unshare-user",
-			"--uid", strconv.FormatUint(uint64(id.uid), 10),
-			"--gid", strconv.FormatUint(uint64(id.gid), 10))
-	}
-	for _, kv := range env {
-		k, v, _ := strings.Cut(kv, "=")
-		opts = append(opts, "--setenv", k, v)
-	}
-	return opts, argv, nil
-}
-
-// startProc starts the app's process. It returns once the process is started; use waitReady.
-func startProc(s spawnSpec) (*proc, error) {
-	id, err := resolveUser(s.img.config.User, s.img.rootfs)
+	id, err := resolveUser(cfg.User, s.img.rootfs)
 	if err != nil {
 		return nil, err
-	}
-	unprivileged := id.uid != 0 && !s.asRoot
-	if unprivileged && (!searchableBy(s.img.rootfs, id.uid, id.gid) || !searchableBy(filepath.Dir(s.bwrap), id.uid, id.gid)) {
-		// bwrap must run as the image user to keep that uid's file ownership intact, and
-		// then it can only bind what that user can reach.
-		s.log.Warn("image user cannot reach the rootfs or bwrap; running as root without capabilities inside the sandbox (keep the data dir and tools where that user can reach them to run as it)",
-			"app", s.app, "uid", id.uid, "rootfs", s.img.rootfs, "bwrap", s.bwrap)
-		unprivileged = false
-		id = identity{home: "/root"}
-	}
-	env := buildEnv(s.img.config.Env, s.env, s.port, id.home)
-	opts, argv, err := bwrapArgs(s.img.config, env, id, unprivileged)
-	if err != nil {
-		return nil, err
-	}
-	opts[1] = s.img.rootfs
-
-	var argBuf strings.Builder
-	for _, a := range opts {
-		if strings.ContainsRune(a, 0) {
-			return nil, fmt.Errorf("environment or config value contains a NUL byte")
-		}
-		argBuf.WriteString(a)
-		argBuf.WriteByte(0)
-	}
-	argsR, argsW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("creating pipe: %w", err)
 	}
 	outR, outW, err := os.Pipe()
 	if err != nil {
-		argsR.Close()
-		argsW.Close()
 		return nil, fmt.Errorf("creating pipe: %w", err)
 	}
-
-	cmd := exec.Command(s.bwrap, append([]string{"--args", "3", "--"}, argv...)...)
-	cmd.Env = []string{"PATH=" + defaultPath} // bwrap itself gets nothing from the app's env
-	cmd.Dir = "/"
-	cmd.Stdin = nil
-	cmd.Stdout, cmd.Stderr = outW, outW
-	cmd.ExtraFiles = []*os.File{argsR}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setpgid:   true,            // one process group to signal
-		Pdeathsig: syscall.SIGKILL, // if kpush dies, so does the sandbox
-	}
-	if unprivileged {
-		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.uid, Gid: id.gid, Groups: []uint32{}}
-	}
-	if err := cmd.Start(); err != nil {
-		argsR.Close()
-		argsW.Close()
-		outR.Close()
-		outW.Close()
-		return nil, fmt.Errorf("starting bwrap: %w", err)
-	}
-	argsR.Close()
+	sb, err := sandbox.Start(ctx, sandbox.Spec{
+		Argv:     argv,
+		Env:      buildEnv(cfg.Env, s.env, appPort, id.home),
+		Dir:      orRoot(cfg.WorkingDir),
+		Hostname: s.app,
+		Root:     s.img.rootfs,
+		Mounts:   []sandbox.Mount{{Dest: "/tmp"}},
+		HostIDs:  s.ids, UID: id.uid, GID: id.gid,
+		Network: sandbox.NetOutbound,
+		Stdout:  outW, Stderr: outW,
+	})
 	outW.Close()
-	go func() {
-		io.WriteString(argsW, argBuf.String())
-		argsW.Close()
-	}()
-
+	if err != nil {
+		outR.Close()
+		return nil, fmt.Errorf("starting the sandbox: %w", err)
+	}
 	p := &proc{
-		app: s.app, port: s.port, pid: cmd.Process.Pid, id: id, cmd: cmd,
+		app: s.app, port: appPort, pid: sb.Pid(), id: id, sb: sb,
 		done: make(chan struct{}), stopping: make(chan struct{}),
 		tail: newTailBuffer(30),
 	}
-	s.log.Info("app process started", "app", s.app, "pid", p.pid, "port", s.port,
-		"uid", id.uid, "gid", id.gid, "sandbox_user_ns", unprivileged, "image", s.img.digest.String())
+	s.log.Info("app process started", "app", s.app, "pid", p.pid, "port", appPort,
+		"uid", id.uid, "gid", id.gid, "host_uid", s.ids.Host(id.uid), "image", s.img.digest.String())
 
 	copied := make(chan struct{})
 	go func() {
@@ -227,7 +155,7 @@ func startProc(s spawnSpec) (*proc, error) {
 		outR.Close()
 	}()
 	go func() {
-		err := cmd.Wait()
+		err := sb.Wait()
 		<-copied
 		p.err = err
 		close(p.done)
@@ -235,17 +163,33 @@ func startProc(s spawnSpec) (*proc, error) {
 	return p, nil
 }
 
+func orRoot(dir string) string {
+	if dir == "" {
+		return "/"
+	}
+	return dir
+}
+
+// dial connects to address inside the app's sandbox.
+func (p *proc) dial(ctx context.Context, network, address string) (net.Conn, error) {
+	return p.sb.DialContext(ctx, network, address)
+}
+
+// addr is where the app listens, inside its sandbox.
+func (p *proc) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
+
 // waitReady waits until the process accepts TCP connections on 127.0.0.1:port. It fails when
 // the process exits first, timeout passes, or ctx ends.
 func (p *proc) waitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port))
-	t := time.NewTicker(100 * time.Millisecond)
+	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
 	for {
-		d := net.Dialer{Timeout: time.Second}
-		if c, err := d.DialContext(ctx, "tcp", addr); err == nil {
+		dctx, dcancel := context.WithTimeout(ctx, time.Second)
+		c, err := p.dial(dctx, "tcp", p.addr())
+		dcancel()
+		if err == nil {
 			c.Close()
 			return nil
 		}
@@ -285,14 +229,13 @@ func (p *proc) stop(grace time.Duration) {
 	if !p.running() {
 		return
 	}
-	// Negative PID: the process group we created with Setpgid; its leader is our child.
-	_ = syscall.Kill(-p.pid, syscall.SIGTERM)
+	_ = p.sb.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
 		return
 	case <-time.After(grace):
 	}
-	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	_ = p.sb.Signal(syscall.SIGKILL)
 	<-p.done
 }
 

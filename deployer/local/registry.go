@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,13 +20,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	"golang.org/x/crypto/bcrypt"
+
 	"kpush.dev/kpush/internal/tools"
 )
 
 // RegistryConfig configures StartRegistry.
 type RegistryConfig struct {
 	// DataDir is kpush's data dir; the registry keeps everything in <DataDir>/registry:
-	// config.yml, data/ (filesystem storage), registry.log, port, lock. Required.
+	// config.yml, data/ (filesystem storage), registry.log, port, lock, credentials.json
+	// (kpush's login, mode 0600) and htpasswd. Required.
 	DataDir string
 	// Port to listen on at 127.0.0.1. Zero: the port persisted in <DataDir>/registry/port,
 	// or a free one picked now and persisted, so image references stay valid across restarts.
@@ -40,13 +45,16 @@ type RegistryConfig struct {
 
 // Registry is a running distribution (v3) registry process: dev mode's persistent OCI
 // registry, serving the OCI distribution API over plain HTTP on 127.0.0.1 with filesystem
-// storage and deletes enabled. Start it with StartRegistry; stop it with Close.
+// storage and deletes enabled. Every request must authenticate (HTTP basic, distribution's
+// htpasswd) with the one login kpush generated for it, which Credentials and Keychain return.
+// Start it with StartRegistry; stop it with Close.
 type Registry struct {
-	cfg  RegistryConfig
-	addr string
-	cmd  *exec.Cmd
-	lock *os.File
-	log  *slog.Logger
+	cfg        RegistryConfig
+	addr       string
+	user, pass string
+	cmd        *exec.Cmd
+	lock       *os.File
+	log        *slog.Logger
 
 	done    chan struct{} // closed when the process exited
 	exitErr error         // read after done
@@ -54,8 +62,10 @@ type Registry struct {
 	once    sync.Once
 }
 
-// StartRegistry writes the registry's config, starts `registry serve` (tools.Path("registry"))
-// and waits until GET http://<addr>/v2/ answers. It fails when another kpush holds the same
+// StartRegistry writes the registry's config and htpasswd, starts `registry serve`
+// (tools.Path("registry")) and waits until GET http://<addr>/v2/ answers 200 to kpush's
+// login. The login is made once, at random, and kept in <DataDir>/registry/credentials.json
+// (0600) across restarts. It fails when another kpush holds the same
 // data dir (flock on <DataDir>/registry/lock), when the port is taken, or when the process
 // exits before answering; the error then quotes its last log lines.
 func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
@@ -103,7 +113,15 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
 		return nil, err
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	conf := registryConfigYAML(filepath.Join(dir, "data"), addr, randomHex(16))
+	user, pass, err := registryLogin(dir, cfg.Log)
+	if err != nil {
+		return nil, err
+	}
+	htpasswd := filepath.Join(dir, "htpasswd")
+	if err := writeHtpasswd(htpasswd, user, pass); err != nil {
+		return nil, err
+	}
+	conf := registryConfigYAML(filepath.Join(dir, "data"), addr, randomHex(16), htpasswd)
 	confPath := filepath.Join(dir, "config.yml")
 	if err := writeFileAtomic(confPath, []byte(conf), 0o600); err != nil {
 		return nil, fmt.Errorf("writing registry config: %w", err)
@@ -131,7 +149,7 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
 	logf.Close() // the child has its own copy
 
 	r := &Registry{
-		cfg: cfg, addr: addr, cmd: cmd, lock: lock, log: cfg.Log,
+		cfg: cfg, addr: addr, user: user, pass: pass, cmd: cmd, lock: lock, log: cfg.Log,
 		done: make(chan struct{}), closing: make(chan struct{}),
 	}
 	go func() {
@@ -144,7 +162,7 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
 				"log", logPath)
 		}
 	}()
-	cfg.Log.Info("registry started", "pid", cmd.Process.Pid, "addr", addr, "dir", dir)
+	cfg.Log.Info("registry started", "pid", cmd.Process.Pid, "addr", addr, "dir", dir, "user", user)
 
 	if err := r.waitReady(ctx); err != nil {
 		r.Close()
@@ -182,15 +200,73 @@ func registryPort(dir string, want int) (int, error) {
 	return p, nil
 }
 
+// registryLoginFile holds kpush's login to its registry, in <DataDir>/registry.
+const registryLoginFile = "credentials.json"
+
+type registryLoginJSON struct {
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// registryLogin returns the login kept in dir/credentials.json, or makes a random one and
+// keeps it there (mode 0600). A corrupt file is replaced: only this process (it holds the
+// lock) hands the login out, so nothing else can hold an older one.
+func registryLogin(dir string, log *slog.Logger) (user, pass string, err error) {
+	p := filepath.Join(dir, registryLoginFile)
+	b, err := os.ReadFile(p)
+	switch {
+	case err == nil:
+		var l registryLoginJSON
+		if json.Unmarshal(b, &l) == nil && validLogin(l.Username, l.Password) {
+			if fi, err := os.Stat(p); err == nil && fi.Mode().Perm() != 0o600 {
+				if err := os.Chmod(p, 0o600); err != nil {
+					return "", "", fmt.Errorf("restricting registry credentials %s to mode 0600: %w", p, err)
+				}
+			}
+			return l.Username, l.Password, nil
+		}
+		log.Warn("registry credentials file is corrupt; making a new login", "file", p)
+	case !errors.Is(err, os.ErrNotExist):
+		return "", "", fmt.Errorf("reading registry credentials: %w", err)
+	}
+	l := registryLoginJSON{Username: "kpush-" + randomHex(4), Password: randomHex(32)}
+	b, _ = json.Marshal(l) // two strings always marshal
+	if err := writeFileAtomic(p, append(b, '\n'), 0o600); err != nil {
+		return "", "", fmt.Errorf("saving registry credentials: %w", err)
+	}
+	return l.Username, l.Password, nil
+}
+
+// validLogin reports whether user and pass can be an htpasswd line and a basic-auth header:
+// a non-empty user without ':' or line breaks, and a password bcrypt accepts (≤ 72 bytes).
+func validLogin(user, pass string) bool {
+	return user != "" && !strings.ContainsAny(user, ":\r\n") && pass != "" && len(pass) <= 72
+}
+
+// writeHtpasswd writes distribution's htpasswd file (mode 0600) with the one login user:pass.
+// The registry checks the bcrypt hash on every request, so the hash uses bcrypt's minimum cost:
+// the password is 256 random bits, which no cost factor would make easier to guess.
+func writeHtpasswd(p, user, pass string) error {
+	h, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.MinCost)
+	if err != nil {
+		return fmt.Errorf("hashing the registry password: %w", err)
+	}
+	if err := writeFileAtomic(p, []byte(user+":"+string(h)+"\n"), 0o600); err != nil {
+		return fmt.Errorf("writing registry htpasswd: %w", err)
+	}
+	return nil
+}
+
 // registryConfigYAML renders distribution's configuration
 // (https://distribution.github.io/distribution/about/configuration/).
-func registryConfigYAML(dataDir, addr, secret string) string {
+func registryConfigYAML(dataDir, addr, secret, htpasswd string) string {
 	q := strconv.Quote
 	return "version: 0.1\n" +
 		"log:\n  level: info\n  formatter: text\n  fields:\n    service: registry\n" +
 		"storage:\n  filesystem:\n    rootdirectory: " + q(dataDir) + "\n" +
 		"  delete:\n    enabled: true\n" +
 		"  cache:\n    blobdescriptor: inmemory\n" +
+		"auth:\n  htpasswd:\n    realm: \"kpush dev registry\"\n    path: " + q(htpasswd) + "\n" +
 		"http:\n  addr: " + q(addr) + "\n  secret: " + q(secret) + "\n" +
 		"  headers:\n    X-Content-Type-Options: [nosniff]\n"
 }
@@ -199,11 +275,14 @@ func (r *Registry) waitReady(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
 	defer cancel()
 	c := &http.Client{Timeout: 2 * time.Second}
+	last := "no answer"
 	for {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+r.addr+"/v2/", nil)
+		req.SetBasicAuth(r.user, r.pass)
 		if resp, err := c.Do(req); err == nil {
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusUnauthorized {
+			last = resp.Status
+			if resp.StatusCode == http.StatusOK {
 				// Make sure it is our process answering, not another on the same port.
 				select {
 				case <-r.done:
@@ -216,10 +295,32 @@ func (r *Registry) waitReady(ctx context.Context) error {
 		case <-r.done:
 			return fmt.Errorf("the registry process exited: %v", r.exitErr)
 		case <-ctx.Done():
-			return fmt.Errorf("GET /v2/ did not answer within %s", r.cfg.StartTimeout)
+			return fmt.Errorf("GET /v2/ with kpush's login did not answer 200 within %s (last: %s)", r.cfg.StartTimeout, last)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// Credentials returns kpush's login to the registry (HTTP basic auth). Hand it only to what
+// must read or write images: never log it, never give it to a build phase or an app.
+func (r *Registry) Credentials() (user, pass string) { return r.user, r.pass }
+
+// Keychain returns a keychain that logs in to this registry (Addr) with Credentials and to any
+// other registry anonymously, so the login never leaves for another host.
+func (r *Registry) Keychain() authn.Keychain {
+	return registryKeychain{host: r.addr, auth: &authn.Basic{Username: r.user, Password: r.pass}}
+}
+
+type registryKeychain struct {
+	host string
+	auth authn.Authenticator
+}
+
+func (k registryKeychain) Resolve(res authn.Resource) (authn.Authenticator, error) {
+	if res.RegistryStr() == k.host {
+		return k.auth, nil
+	}
+	return authn.Anonymous, nil
 }
 
 // Addr returns "127.0.0.1:<port>", the registry host for image references.

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net"
@@ -45,6 +46,7 @@ type Router struct {
 type route struct {
 	addr  string // "127.0.0.1:<port>"
 	proxy *httputil.ReverseProxy
+	tr    *http.Transport // its own connections to the backend
 }
 
 // NewRouter returns a Router with no apps. log receives proxy errors (nil: discarded).
@@ -55,11 +57,18 @@ func NewRouter(log *slog.Logger) *Router {
 	return &Router{log: log, routes: map[string]*route{}}
 }
 
-// Set points app at the backend listening on addr ("host:port"), replacing any earlier
-// backend atomically: requests that already started finish on the old one.
-func (rt *Router) Set(app, addr string) {
+// Set points app at the backend listening on addr ("host:port"), reached through dial (nil:
+// the host's network), replacing any earlier backend atomically: requests that already
+// started finish on the old one.
+func (rt *Router) Set(app, addr string, dial func(ctx context.Context, network, addr string) (net.Conn, error)) {
 	target := &url.URL{Scheme: "http", Host: addr}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	if dial != nil {
+		tr.DialContext = func(ctx context.Context, network, _ string) (net.Conn, error) { return dial(ctx, network, addr) }
+	}
 	p := &httputil.ReverseProxy{
+		Transport: tr,
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
 			pr.Out.Host = pr.In.Host // the app sees the Host the client used
@@ -71,8 +80,12 @@ func (rt *Router) Set(app, addr string) {
 		},
 	}
 	rt.mu.Lock()
-	rt.routes[app] = &route{addr: addr, proxy: p}
+	old := rt.routes[app]
+	rt.routes[app] = &route{addr: addr, proxy: p, tr: tr}
 	rt.mu.Unlock()
+	if old != nil {
+		old.tr.CloseIdleConnections() // requests under way finish on their connections
+	}
 }
 
 // Down marks app as known but not running: requests get 503 until the next Set.

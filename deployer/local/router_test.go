@@ -19,10 +19,10 @@ func TestRouter(t *testing.T) {
 	dead.Close()
 
 	rt := NewRouter(nil)
-	rt.Set("demo", backend.Listener.Addr().String())
+	rt.Set("demo", backend.Listener.Addr().String(), nil)
 	rt.Down("sleepy")
-	rt.Set("gone", deadAddr)
-	rt.Set("removed", deadAddr)
+	rt.Set("gone", deadAddr, nil)
+	rt.Set("removed", deadAddr, nil)
 	rt.Remove("removed")
 	srv := httptest.NewServer(rt)
 	defer srv.Close()

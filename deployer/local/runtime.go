@@ -23,8 +23,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+
 	"kpush.dev/kpush/deployer"
-	"kpush.dev/kpush/internal/tools"
+	"kpush.dev/kpush/internal/sandbox"
 )
 
 // Defaults for Config's zero fields.
@@ -46,6 +48,9 @@ type Config struct {
 	// StopGrace is how long a stopped process gets between SIGTERM and SIGKILL. Zero means
 	// DefaultStopGrace.
 	StopGrace time.Duration
+	// Keychain logs in to the registry images are pulled from, e.g. (*Registry).Keychain.
+	// Nil: anonymous.
+	Keychain authn.Keychain
 	// Log receives internal detail (nil: discarded).
 	Log *slog.Logger
 }
@@ -55,7 +60,7 @@ type Config struct {
 // shutdown. Safe for concurrent use; deploys of one app are serialised.
 type Runtime struct {
 	cfg    Config
-	bwrap  string
+	ids    *sandbox.Ranges
 	log    *slog.Logger
 	router *Router
 
@@ -92,7 +97,7 @@ type AppStatus struct {
 	URL        string
 	Running    bool
 	PID        int // bubblewrap's PID (the process group); 0 when not running
-	Port       int // the app's $PORT on 127.0.0.1; 0 when not running
+	Port       int // the app's $PORT, on 127.0.0.1 inside its sandbox; 0 when not running
 	UID, GID   uint32
 	LogFile    string
 }
@@ -124,15 +129,12 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("resolving data dir: %w", err)
 	}
 	cfg.DataDir = dd
-	bw, err := tools.Path("bwrap")
-	if err != nil {
-		return nil, fmt.Errorf("finding bubblewrap: %w", err)
-	}
 	if err := os.MkdirAll(filepath.Join(dd, "apps"), 0o755); err != nil {
 		return nil, fmt.Errorf("creating apps directory: %w", err)
 	}
 	return &Runtime{
-		cfg: cfg, bwrap: bw, log: cfg.Log,
+		cfg: cfg, log: cfg.Log,
+		ids:    &sandbox.Ranges{File: filepath.Join(dd, "sandbox", "ids.json")},
 		router: NewRouter(cfg.Log),
 		apps:   map[string]*appState{},
 	}, nil
@@ -200,7 +202,11 @@ func (rt *Runtime) launch(ctx context.Context, app string, st *appState, cur *Cu
 		return fmt.Errorf("creating app directory: %w", err)
 	}
 	fmt.Fprintf(out, "-----> Pulling %s\n", cur.Image)
-	img, err := pull(ctx, cur.Image, dir)
+	ids, err := rt.ids.Get("app/" + app)
+	if err != nil {
+		return err
+	}
+	img, err := pull(ctx, cur.Image, dir, rt.cfg.Keychain, ids)
 	if err != nil {
 		return err
 	}
@@ -208,13 +214,9 @@ func (rt *Runtime) launch(ctx context.Context, app string, st *appState, cur *Cu
 	if err != nil {
 		return err
 	}
-	port, err := freePort()
-	if err != nil {
-		return fmt.Errorf("finding a free port: %w", err)
-	}
-	fmt.Fprintf(out, "-----> Starting %s (PORT=%d)\n", app, port)
-	p, err := startProc(spawnSpec{
-		bwrap: rt.bwrap, app: app, img: img, env: cur.Env, port: port, logw: logf, log: rt.log,
+	fmt.Fprintf(out, "-----> Starting %s\n", app)
+	p, err := startProc(context.WithoutCancel(ctx), spawnSpec{
+		app: app, img: img, ids: ids, env: cur.Env, logw: logf, log: rt.log,
 	})
 	if err != nil {
 		return fmt.Errorf("starting app %s: %w", app, err)
@@ -238,7 +240,7 @@ func (rt *Runtime) launch(ctx context.Context, app string, st *appState, cur *Cu
 	prev := st.cur
 	st.cur = p
 	st.current = cur
-	rt.router.Set(app, fmt.Sprintf("127.0.0.1:%d", port))
+	rt.router.Set(app, p.addr(), p.dial)
 	rt.mu.Unlock()
 	go rt.watch(app, st, p)
 

@@ -24,7 +24,7 @@ func newRuntime(t *testing.T, dataDir string, l net.Listener) *Runtime {
 	needTool(t, "bwrap")
 	rt, err := New(Config{
 		DataDir: dataDir, RouterPort: l.Addr().(*net.TCPAddr).Port,
-		StartTimeout: 20 * time.Second, StopGrace: 3 * time.Second, Log: testLogger(t),
+		StartTimeout: 20 * time.Second, StopGrace: 3 * time.Second, Keychain: testKeychain{}, Log: testLogger(t),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -85,21 +85,8 @@ func processGone(pid int) bool {
 	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
-// searchableTempDir returns a t.TempDir() whose ancestors others may traverse, as bubblewrap
-// needs when it runs as the image's non-root user (t.TempDir makes 0700 directories).
-func searchableTempDir(t *testing.T) string {
-	t.Helper()
-	d := t.TempDir()
-	for _, p := range []string{d, filepath.Dir(d)} {
-		if err := os.Chmod(p, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return d
-}
-
 func TestDeployReplaceFailRestore(t *testing.T) {
-	data := searchableTempDir(t)
+	data := t.TempDir() // 0700, like ~/.kpush under /root: no sandbox user can traverse it
 	reg := startTestRegistry(t, data)
 	v1 := pushAppImage(t, reg.Addr(), "demo", appImage{index: "v1", user: "1000:1000", env: []string{"FROM_IMAGE=img"}})
 	v2 := pushAppImage(t, reg.Addr(), "demo", appImage{index: "v2"})
@@ -108,8 +95,6 @@ func TestDeployReplaceFailRestore(t *testing.T) {
 	l := listen(t)
 	addr := l.Addr().String()
 	rt := newRuntime(t, data, l)
-	// The tools dir may sit under a 0700 home; give uid 1000 a bwrap it can execute.
-	rt.bwrap = copyExecutable(t, rt.bwrap, filepath.Join(data, "bin"))
 	ctx := context.Background()
 
 	// v1
@@ -187,7 +172,6 @@ func TestDeployReplaceFailRestore(t *testing.T) {
 	// A new runtime on the same data dir restores v2 with its env.
 	l2 := listen(t)
 	rt2 := newRuntime(t, data, l2)
-	rt2.bwrap = rt.bwrap
 	if code, _ := get(t, l2.Addr().String(), "demo", "/"); code != http.StatusNotFound {
 		t.Errorf("before Restore: status %d, want 404", code)
 	}
@@ -218,9 +202,9 @@ func TestDeployStartTimeout(t *testing.T) {
 
 func itoa(n int) string { return strconv.Itoa(n) }
 
-// With a data dir the image user cannot reach, the app still runs, as root in the sandbox
-// but with no capability.
-func TestDeployUnreachableRootfsRunsAsRoot(t *testing.T) {
+// Whatever the data dir, an app runs as its image user, on host ids of the app's own range
+// (never host root), with no capability, and sees no host process.
+func TestDeployRunsAsTheImageUserOnUnprivilegedHostIDs(t *testing.T) {
 	data := t.TempDir() // 0700
 	reg := startTestRegistry(t, data)
 	img := pushAppImage(t, reg.Addr(), "demo", appImage{index: "hi", user: "app"})
@@ -230,28 +214,49 @@ func TestDeployUnreachableRootfsRunsAsRoot(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantBody(t, l.Addr().String(), "demo", "/", "hi")
-	if _, id := get(t, l.Addr().String(), "demo", "/id.txt"); !strings.Contains(id, "uid=0") {
-		t.Errorf("runs as %q, want uid=0", id)
+	if _, id := get(t, l.Addr().String(), "demo", "/id.txt"); !strings.Contains(id, "uid=1000") {
+		t.Errorf("runs as %q, want the image user (uid=1000)", id)
 	}
 	if _, caps := get(t, l.Addr().String(), "demo", "/caps.txt"); strings.TrimSpace(caps) != "CapEff:\t0000000000000000" {
-		t.Errorf("root in the sandbox has capabilities %q, want none", caps)
+		t.Errorf("the app has capabilities %q, want none", caps)
 	}
-}
-
-func copyExecutable(t *testing.T, src, dir string) string {
-	t.Helper()
-	b, err := os.ReadFile(src)
+	st := appStatus(t, rt, "demo")
+	ids, err := rt.ids.Get("app/demo")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	for pid, uid := range hostUIDs(t, st.PID) {
+		if uid != ids.Host(1000) {
+			t.Errorf("host process %d of the app runs as uid %d, want %d (the app's range)", pid, uid, ids.Host(1000))
+		}
+	}
+}
+
+// hostUIDs returns the real uid of every host process in process group pgid.
+func hostUIDs(t *testing.T, pgid int) map[int]uint32 {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
 		t.Fatal(err)
 	}
-	dst := filepath.Join(dir, filepath.Base(src))
-	if err := os.WriteFile(dst, b, 0o755); err != nil {
-		t.Fatal(err)
+	out := map[int]uint32{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if g, err := syscall.Getpgid(pid); err != nil || g != pgid {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat("/proc/"+e.Name(), &st) == nil {
+			out[pid] = st.Uid
+		}
 	}
-	return dst
+	if len(out) == 0 {
+		t.Fatalf("no process in group %d", pgid)
+	}
+	return out
 }
 
 // TestDestroy stops the app's process, drops its route and its files, and leaves nothing for

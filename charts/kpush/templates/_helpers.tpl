@@ -47,3 +47,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The build Pods' labels as a LabelSelector: what buildpack.BuildPod sets (LabelManagedBy,
+LabelBuild); kpush's own Pod has app.kubernetes.io/managed-by=Helm. */}}
+{{- define "kpush.buildPodSelector" -}}
+matchLabels:
+  app.kubernetes.io/managed-by: kpush
+matchExpressions:
+  - {key: kpush.dev/build, operator: Exists}
+{{- end -}}
+
+{{/* An egress rule from {to, ports}: empty `to` is any destination on those ports. */}}
+{{- define "kpush.egressRule" -}}
+- ports:
+    {{- toYaml .ports | nindent 4 }}
+  {{- with .to }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
