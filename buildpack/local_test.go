@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -54,7 +55,11 @@ func newHarness(tb testing.TB) *harness {
 	if !strings.HasPrefix(reg, "127.0.0.1:") {
 		tb.Fatalf("registry listens on %s, want 127.0.0.1", reg)
 	}
-	return &harness{reg: reg, local: &Local{DataDir: tb.TempDir()}}
+	l := &Local{DataDir: tb.TempDir()}
+	if os.Getenv("KPUSH_TEST_BUILD_LOG") != "" {
+		l.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return &harness{reg: reg, local: l}
 }
 
 // writeTree writes files (path → content) under a new temp dir and returns it.

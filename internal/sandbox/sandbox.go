@@ -381,7 +381,9 @@ func (s *Sandbox) exitErr() error {
 func (s *Sandbox) release() {
 	s.closeOnce.Do(func() {
 		if s.slirp != nil {
-			s.slirp.stop()
+			// Closing the tap device waits for the kernel to unregister it (an RCU grace
+			// period, tens of ms): reap slirp4netns in the background, nobody waits for it.
+			go s.slirp.stop()
 		}
 		if s.netns != nil {
 			s.netns.Close()
