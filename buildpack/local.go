@@ -750,7 +750,10 @@ func (b *buildSandbox) spec(ph phase) sandbox.Spec {
 		HostIDs:  b.ids, UID: CNBUserID, GID: CNBGroupID,
 		Network:    ph.network,
 		NewSession: true,
-		Stdout:     b.stdout, Stderr: b.stderr,
+		// The registry phases read files buildpack code wrote (/layers): with no /proc, no
+		// symlink there can lead them to their own environment and its credentials.
+		NoProc: ph.registry,
+		Stdout: b.stdout, Stderr: b.stderr,
 	}
 }
 

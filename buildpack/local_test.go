@@ -572,3 +572,37 @@ func BenchmarkBuildWarm(b *testing.B) {
 		}
 	}
 }
+
+// A buildpack can write anything under /layers, which the registry phases read after it: a
+// symlink there must not lead them to their own environment and print the credentials.
+func TestBuildpackCannotLeadRegistryPhasesToTheCredentials(t *testing.T) {
+	for _, c := range []struct{ name, detect, build string }{
+		// detect replaces what analyze wrote and restore reads
+		{"analyzed.toml", "ln -sf /proc/self/environ /layers/analyzed.toml\n", ""},
+		// build leaves a layer whose metadata export reads
+		{"layer metadata", "", "mkdir -p \"$1/leak\"\nprintf '[types]\\nlaunch = true\\n' > \"$1/leak.toml\"\n" +
+			"ln -sf /proc/self/environ /layers/report.toml\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.local.RegistryUsername, h.local.RegistryPassword = "user", "hunter2-password"
+			hostile := writeTree(t, map[string]string{
+				"buildpack.toml": "api = \"0.10\"\n[buildpack]\nid = \"test/hostile\"\nversion = \"0.0.1\"\n[[targets]]\nos = \"linux\"\n",
+				"bin/detect":     "#!/bin/sh\n" + c.detect + "exit 0\n",
+				"bin/build":      "#!/bin/sh\n" + c.build + "exit 0\n",
+			})
+			h.local.ExtraBuildpacks = []fs.FS{os.DirFS(hostile)}
+			h.local.Order = []Group{{{ID: ProcfileID}, {ID: "test/hostile"}}}
+			src := writeTree(t, map[string]string{"Procfile": "web: sleep 1000\n"})
+			_, out, err := h.build(t, "hostile", src, nil)
+			t.Logf("build error: %v", err)
+			// Any sign of the phase's environment (even a parser naming its first key, "PATH")
+			// means the symlink reached it.
+			for _, secret := range []string{"hunter2-password", "aHVudGVyMi", "CNB_REGISTRY_AUTH", "dXNlcjpodW50ZXI", `"PATH"`, "CNB_PLATFORM_API"} {
+				if strings.Contains(out, secret) || (err != nil && strings.Contains(err.Error(), secret)) {
+					t.Errorf("the build output shows %q:\n%s", secret, out)
+				}
+			}
+		})
+	}
+}

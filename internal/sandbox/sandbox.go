@@ -114,6 +114,10 @@ type Spec struct {
 	Network Network
 	// NewSession puts the command in a new session (no controlling terminal to inject into).
 	NewSession bool
+	// NoProc leaves /proc out, so that no path in the sandbox leads to the command's own
+	// environment (/proc/self/environ): for commands whose environment holds a secret and
+	// which read files someone else may have planted (a symlink to it would leak it).
+	NoProc bool
 	// Stdout and Stderr receive the command's output (nil: discarded).
 	Stdout, Stderr io.Writer
 }
@@ -233,7 +237,10 @@ func Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 			a = append(a, flag, s, m.Dest)
 		}
 	}
-	a = append(a, "--proc", "/proc", "--dev", "/dev")
+	if !spec.NoProc {
+		a = append(a, "--proc", "/proc")
+	}
+	a = append(a, "--dev", "/dev")
 	a = append(a, "--clearenv")
 	for _, kv := range spec.Env {
 		k, v, ok := strings.Cut(kv, "=")
