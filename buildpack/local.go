@@ -698,7 +698,7 @@ func (b *buildSandbox) spec(ph phase) sandbox.Spec {
 		m = append(m, sandbox.Mount{Source: hostCABundle, Dest: hostCABundle})
 	}
 	m = append(m,
-		sandbox.Mount{Dest: "/tmp"},
+		sandbox.Mount{Dest: "/tmp", Size: 1 << 30}, // compilers' scratch space
 		sandbox.Mount{Source: filepath.Join(b.build, "cnb"), Dest: "/cnb"},
 		sandbox.Mount{Source: b.lifecycle, Dest: "/cnb/lifecycle/lifecycle"},
 		sandbox.Mount{Source: b.launcher, Dest: "/cnb/lifecycle/launcher"},

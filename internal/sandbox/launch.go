@@ -31,6 +31,9 @@ type plan struct {
 	Name     string // the program's argv[0]
 	UID, GID uint32 // host ids to run the program as
 	Binds    []bind // stageDir/<index> ← Source
+	// MaxProcs, if not 0, is RLIMIT_NPROC: the uid's processes and threads, counted in the
+	// user namespaces it creates too.
+	MaxProcs uint64
 	// Tun gives the program a /dev/net/tun it may open (a node of its own, owned by UID:GID),
 	// for slirp4netns where the host's is root's alone.
 	Tun bool
@@ -110,6 +113,12 @@ func launch(args []string) error {
 		}
 		if err := unix.Mount(node, "/dev/net/tun", "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("binding the tun node on /dev/net/tun: %w", err)
+		}
+	}
+	if p.MaxProcs > 0 {
+		lim := unix.Rlimit{Cur: p.MaxProcs, Max: p.MaxProcs}
+		if err := unix.Setrlimit(unix.RLIMIT_NPROC, &lim); err != nil {
+			return fmt.Errorf("limiting processes: %w", err)
 		}
 	}
 	// Drop root for good before bubblewrap runs: no supplementary groups, then gid, then uid.

@@ -88,7 +88,16 @@ type Mount struct {
 	Writable bool
 	// Symlink, if set, makes Dest a symbolic link to it instead (nothing is bound).
 	Symlink string
+	// Size caps a tmpfs (Source "") at this many bytes; 0 means DefaultTmpfsSize.
+	Size int64
 }
+
+// DefaultTmpfsSize caps a sandbox's tmpfs (it is memory): 512 MiB.
+const DefaultTmpfsSize = 512 << 20
+
+// DefaultMaxProcs caps the processes and threads of one sandbox's host uid (RLIMIT_NPROC,
+// which each sandbox's own uid makes a per-app limit): a fork bomb stops there.
+const DefaultMaxProcs = 4096
 
 // Spec describes one sandboxed command.
 type Spec struct {
@@ -114,6 +123,8 @@ type Spec struct {
 	Network Network
 	// NewSession puts the command in a new session (no controlling terminal to inject into).
 	NewSession bool
+	// MaxProcs caps the processes and threads of the sandbox's host uid (0: DefaultMaxProcs).
+	MaxProcs uint64
 	// NoProc leaves /proc out, so that no path in the sandbox leads to the command's own
 	// environment (/proc/self/environ): for commands whose environment holds a secret and
 	// which read files someone else may have planted (a symlink to it would leak it).
@@ -175,7 +186,10 @@ func Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	}
 	secFD := c.add(secR)
 
-	p := plan{UID: spec.HostIDs.Host(spec.UID), GID: spec.HostIDs.Host(spec.GID)}
+	p := plan{UID: spec.HostIDs.Host(spec.UID), GID: spec.HostIDs.Host(spec.GID), MaxProcs: spec.MaxProcs}
+	if p.MaxProcs == 0 {
+		p.MaxProcs = DefaultMaxProcs
+	}
 	stage := func(src string) (string, error) {
 		if !path.IsAbs(src) {
 			return "", fmt.Errorf("sandbox: mount source %q is not an absolute path", src)
@@ -224,7 +238,11 @@ func Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 		case m.Symlink != "":
 			a = append(a, "--symlink", m.Symlink, m.Dest)
 		case m.Source == "":
-			a = append(a, "--perms", "1777", "--tmpfs", m.Dest)
+			size := m.Size
+			if size <= 0 {
+				size = DefaultTmpfsSize
+			}
+			a = append(a, "--perms", "1777", "--size", strconv.FormatInt(size, 10), "--tmpfs", m.Dest)
 		default:
 			s, err := stage(m.Source)
 			if err != nil {

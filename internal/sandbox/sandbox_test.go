@@ -64,7 +64,7 @@ func busyboxRoot(t testing.TB) string {
 	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []string{"sh", "id", "cat", "ls", "nc", "ip", "echo", "sleep", "test", "unshare", "mount", "httpd", "grep", "wc", "touch", "true"} {
+	for _, a := range []string{"sh", "id", "cat", "ls", "nc", "ip", "echo", "sleep", "test", "unshare", "mount", "httpd", "grep", "wc", "touch", "true", "seq"} {
 		if err := os.Symlink("busybox", filepath.Join(root, "bin", a)); err != nil {
 			t.Fatal(err)
 		}
@@ -244,6 +244,27 @@ func TestSandboxMountsOnlyWhatItIsGiven(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(ro, "x")); err == nil {
 		t.Error("the read-only mount was written")
+	}
+}
+
+func TestSandboxLimitsProcessesAndTmpfs(t *testing.T) {
+	needRoot(t)
+	spec := Spec{Root: busyboxRoot(t), Mounts: []Mount{{Dest: "/tmp", Size: 1 << 20}},
+		// A range no other test uses: the limit counts every process of the host uid.
+		HostIDs: IDRange{Base: FirstHostID + 7*RangeSize}, UID: 1000, GID: 1000, MaxProcs: 20}
+	// A fork bomb stops at MaxProcs: of 60 background sleeps most cannot start.
+	out, err := sh(t, spec, `(for i in $(seq 60); do sleep 3 & done) 2>/dev/null; n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "started $n"`)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var n int
+	if _, err := fmt.Sscanf(out[strings.Index(out, "started "):], "started %d", &n); err != nil || n >= 60 || n > 20 {
+		t.Errorf("%d of 60 processes started with MaxProcs 20:\n%s", n, out)
+	}
+	// /tmp holds at most its Size.
+	out, err = sh(t, spec, `! cat /bin/busybox /bin/busybox > /tmp/big 2>/dev/null`)
+	if err != nil {
+		t.Errorf("writing 2 busyboxes into a 1 MiB /tmp succeeded: %v\n%s", err, out)
 	}
 }
 
