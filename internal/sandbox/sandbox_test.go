@@ -128,23 +128,7 @@ func TestSandboxKeepsTheHostOut(t *testing.T) {
 	needRoot(t)
 	ids := testIDs(t)
 	root := busyboxRoot(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan struct{}, 10)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- struct{}{}
-			c.Close()
-		}
-	}()
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	port, accepted := hostListener(t)
 	for _, network := range []Network{NetNone, NetOutbound} {
 		t.Run(network.String(), func(t *testing.T) {
 			cases := []struct {
@@ -181,21 +165,7 @@ func TestSandboxProbesCanFail(t *testing.T) {
 	needRoot(t)
 	ids := testIDs(t)
 	root := busyboxRoot(t)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			c.Close()
-		}
-	}()
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	port, _ := hostListener(t)
 	out, err := sh(t, Spec{Root: root, HostIDs: ids, UID: 1000, GID: 1000, Network: NetHost}, "nc -w 2 127.0.0.1 "+port+" </dev/null")
 	if err != nil {
 		t.Fatalf("with the host's network the listener should be reachable: %v\n%s", err, out)
@@ -353,6 +323,32 @@ func TestCheckPassesOnThisHost(t *testing.T) {
 	if err := Check(context.Background(), testIDs(t)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// hostListener listens on the host's 127.0.0.1 until the test ends and returns its port and
+// a channel that receives once per connection it accepts.
+func hostListener(t *testing.T) (port string, accepted <-chan struct{}) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ch := make(chan struct{}, 100)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+			c.Close()
+		}
+	}()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port), ch
 }
 
 // processGroup returns the real, effective, saved and filesystem uids of every host process
