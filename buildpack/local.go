@@ -765,9 +765,13 @@ func (b *buildSandbox) run(ctx context.Context, ph phase) error {
 	return sandbox.Run(ctx, b.spec(ph))
 }
 
-// ids returns the host id ranges of build sandboxes, kept in the data dir.
+// ids returns the host id ranges of the data dir's build sandboxes.
 func (l *Local) ids() *sandbox.Ranges {
-	return &sandbox.Ranges{File: filepath.Join(l.DataDir, "sandbox", "ids.json")}
+	dir, err := filepath.Abs(l.DataDir)
+	if err != nil {
+		dir = l.DataDir // Get refuses a relative owner
+	}
+	return sandbox.NewRanges(dir)
 }
 
 // registryAuth returns CNB_REGISTRY_AUTH's JSON ({"host": "Basic <base64 user:pass>"}) for

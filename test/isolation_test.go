@@ -38,6 +38,7 @@ check "mount denied" sh -c "! $bb mount -t tmpfs none /tmp"
 check "no new user namespace" sh -c "! $bb unshare -U -r true"
 check "no host /etc" sh -c 'test ! -e /etc/shadow && test ! -e /etc/ssh && test ! -e /etc/os-release && test ! -e /etc/hostname'
 check "no host data dir" test ! -e "$data"
+check "resolver is the sandbox's" grep -q "^nameserver 10.0.2.3" /etc/resolv.conf
 echo "$label: done"
 `
 
@@ -134,7 +135,7 @@ func checkProbe(t *testing.T, label, out string, targets int) {
 			done = true
 		}
 	}
-	if want := 7 + 2*targets; !done || ok != want {
+	if want := 8 + 2*targets; !done || ok != want {
 		t.Errorf("%s: %d checks ok (want %d), finished %v:\n%s", label, ok, want, done, out)
 	}
 }

@@ -258,13 +258,18 @@ func portOf(addr string) (int, error) {
 // checkSandbox refuses to go on where this host cannot sandbox builds and apps with every
 // protection (internal/sandbox.Check says what is missing and how to enable it): kpush never
 // runs them with less.
-func checkSandbox(ctx context.Context, dataDir string) error {
-	ids, err := (&sandbox.Ranges{File: filepath.Join(dataDir, "sandbox", "ids.json")}).Get("kpush/check")
+func checkSandbox(ctx context.Context, dataDir string, log *slog.Logger) error {
+	dir, err := filepath.Abs(dataDir)
+	if err != nil {
+		return err
+	}
+	ids, err := sandbox.NewRanges(dir).Get("kpush/check")
 	if err != nil {
 		return err
 	}
 	if err := sandbox.Check(ctx, ids); err != nil {
 		return fmt.Errorf("this host cannot sandbox builds and apps: %w", err)
 	}
+	log.Info("sandbox check passed: builds and apps run in user, mount, PID, IPC, UTS and network namespaces with seccomp, on unprivileged host ids")
 	return nil
 }

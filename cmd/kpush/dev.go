@@ -57,7 +57,7 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 			if err := os.MkdirAll(c.DataDir, 0o700); err != nil {
 				return err
 			}
-			if err := checkSandbox(ctx, c.DataDir); err != nil {
+			if err := checkSandbox(ctx, c.DataDir, log); err != nil {
 				return err
 			}
 

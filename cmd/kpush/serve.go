@@ -100,7 +100,7 @@ func serveCommand() *cobra.Command {
 				defer stopSources()
 				builder = k
 			default:
-				if err := checkSandbox(ctx, c.DataDir); err != nil {
+				if err := checkSandbox(ctx, c.DataDir, log); err != nil {
 					return err
 				}
 				l := &buildpack.Local{DataDir: c.DataDir, RunImage: runImage, Log: log}

@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -49,6 +50,9 @@ func pull(ctx context.Context, ref, appDir string, kc authn.Keychain, ids sandbo
 		if fi, err := os.Stat(rootfs); err == nil && fi.IsDir() {
 			cf, err := v1.ParseConfigFile(strings.NewReader(string(b)))
 			if err == nil {
+				if err := ensureMountPoints(rootfs, cf.Config.WorkingDir); err != nil {
+					return nil, fmt.Errorf("preparing image %s: %w", ref, err)
+				}
 				return &pulled{digest: h, config: cf.Config, rootfs: rootfs}, nil
 			}
 		}
@@ -165,7 +169,7 @@ func ensureMountPoints(rootfs, workDir string) error {
 		return err
 	}
 	defer root.Close()
-	dirs := []string{"proc", "dev", "tmp"}
+	dirs := []string{"proc", "dev", "tmp", "etc"}
 	if w, ok := cleanTarPath(workDir); ok && w != "." {
 		dirs = append(dirs, w)
 	}
@@ -177,5 +181,18 @@ func ensureMountPoints(rootfs, workDir string) error {
 			return fmt.Errorf("creating /%s in the rootfs: %w", d, err)
 		}
 	}
+	// The files the runtime binds over, as container runtimes do (startProc): only where the
+	// image has none; an image's own symlink or directory there is left alone.
+	for _, f := range etcFiles {
+		if _, err := root.Lstat(f); err == nil || !errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := root.WriteFile(f, nil, 0o644); err != nil {
+			return fmt.Errorf("creating /%s in the rootfs: %w", f, err)
+		}
+	}
 	return nil
 }
+
+// etcFiles are the files of an app's /etc the runtime provides (its sandbox's network).
+var etcFiles = []string{"etc/resolv.conf", "etc/hosts"}

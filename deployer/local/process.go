@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,12 +44,13 @@ type proc struct {
 
 // spawnSpec is what startProc needs.
 type spawnSpec struct {
-	app  string
-	img  *pulled
-	ids  sandbox.IDRange   // the app's host ids (the rootfs is owned within them)
-	env  map[string]string // from the Release
-	logw io.Writer         // app.log
-	log  *slog.Logger
+	app    string
+	img    *pulled
+	ids    sandbox.IDRange   // the app's host ids (the rootfs is owned within them)
+	etcDir string            // resolv.conf and hosts for the app's /etc (its sandbox's network)
+	env    map[string]string // from the Release
+	logw   io.Writer         // app.log
+	log    *slog.Logger
 }
 
 // buildEnv merges the image config Env, the release env and PORT (in that order of
@@ -97,7 +99,8 @@ func buildEnv(imageEnv []string, relEnv map[string]string, port int, home string
 }
 
 // startProc starts the app's process in its sandbox (internal/sandbox): the image's rootfs
-// as "/", a private /tmp, its own user (the image user, on the app's unprivileged host ids),
+// as "/", with /etc/resolv.conf (slirp4netns's resolver) and /etc/hosts bound over the
+// image's as container runtimes do, a private /tmp, its own user (the image user, on the app's unprivileged host ids),
 // network (outbound only, no host loopback; kpush reaches $PORT from inside), PID, IPC and
 // UTS namespaces, the seccomp filter, no capabilities. It returns once the process is
 // started; use waitReady.
@@ -115,13 +118,19 @@ func startProc(ctx context.Context, s spawnSpec) (*proc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating pipe: %w", err)
 	}
+	mounts := []sandbox.Mount{{Dest: "/tmp"}}
+	for _, f := range etcFiles {
+		if fi, err := os.Lstat(filepath.Join(s.img.rootfs, f)); err == nil && fi.Mode().IsRegular() {
+			mounts = append(mounts, sandbox.Mount{Source: filepath.Join(s.etcDir, filepath.Base(f)), Dest: "/" + f})
+		}
+	}
 	sb, err := sandbox.Start(ctx, sandbox.Spec{
 		Argv:     argv,
 		Env:      buildEnv(cfg.Env, s.env, appPort, id.home),
 		Dir:      orRoot(cfg.WorkingDir),
 		Hostname: s.app,
 		Root:     s.img.rootfs,
-		Mounts:   []sandbox.Mount{{Dest: "/tmp"}},
+		Mounts:   mounts,
 		HostIDs:  s.ids, UID: id.uid, GID: id.gid,
 		Network: sandbox.NetOutbound,
 		Stdout:  outW, Stderr: outW,

@@ -132,9 +132,21 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(filepath.Join(dd, "apps"), 0o755); err != nil {
 		return nil, fmt.Errorf("creating apps directory: %w", err)
 	}
+	etc := filepath.Join(dd, "sandbox", "etc")
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return nil, fmt.Errorf("creating sandbox directory: %w", err)
+	}
+	for name, data := range map[string]string{
+		"resolv.conf": "nameserver " + sandbox.SlirpDNS + "\n",
+		"hosts":       "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
+	} {
+		if err := writeFileAtomic(filepath.Join(etc, name), []byte(data), 0o644); err != nil {
+			return nil, fmt.Errorf("writing the apps' %s: %w", name, err)
+		}
+	}
 	return &Runtime{
 		cfg: cfg, log: cfg.Log,
-		ids:    &sandbox.Ranges{File: filepath.Join(dd, "sandbox", "ids.json")},
+		ids:    sandbox.NewRanges(dd),
 		router: NewRouter(cfg.Log),
 		apps:   map[string]*appState{},
 	}, nil
@@ -216,7 +228,8 @@ func (rt *Runtime) launch(ctx context.Context, app string, st *appState, cur *Cu
 	}
 	fmt.Fprintf(out, "-----> Starting %s\n", app)
 	p, err := startProc(context.WithoutCancel(ctx), spawnSpec{
-		app: app, img: img, ids: ids, env: cur.Env, logw: logf, log: rt.log,
+		app: app, img: img, ids: ids, etcDir: filepath.Join(rt.cfg.DataDir, "sandbox", "etc"),
+		env: cur.Env, logw: logf, log: rt.log,
 	})
 	if err != nil {
 		return fmt.Errorf("starting app %s: %w", app, err)

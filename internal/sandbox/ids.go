@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/google/renameio/v2"
@@ -44,12 +46,30 @@ func (r IDRange) valid(uid, gid uint32) error {
 // rangeKey is what a range is allocated for: "app/NAME" or "build/NAME".
 var rangeKey = regexp.MustCompile(`^[a-z]+/[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
-// Ranges hands out host id ranges, one per key, kept in a file so that an app's files keep
-// their owner across restarts. Safe for concurrent use, also by several processes sharing
-// the file (flock).
+// HostRangesFile is where kpush records, for the whole host, which id range it gave to which
+// key of which data dir: so that two kpush processes with different data dirs (or tests)
+// never give two apps the same host ids.
+var HostRangesFile = "/var/lib/kpush/sandbox-ids.json"
+
+// Ranges hands out host id ranges, one per key of one data dir, recorded host-wide in File so
+// that an app's files keep their owner across restarts and no two apps on the host, of any
+// data dir, share ids. Ranges listed in /etc/subuid or /etc/subgid (other users' containers)
+// are never handed out. Safe for concurrent use, also by several processes (flock).
 type Ranges struct {
-	// File is the JSON file ({"key": index}) the allocation lives in. Required.
+	// File is the host-wide allocation (JSON). Empty: HostRangesFile.
 	File string
+	// Owner is the data dir the keys belong to (an absolute path). Required. An entry whose
+	// owner no longer exists is forgotten at the next allocation.
+	Owner string
+}
+
+// NewRanges returns the host-wide ranges of the data dir owner.
+func NewRanges(owner string) *Ranges { return &Ranges{Owner: owner} }
+
+type rangeEntry struct {
+	Owner string `json:"owner"`
+	Key   string `json:"key"`
+	Index int    `json:"index"`
 }
 
 // Get returns key's range, allocating the next free one on first use.
@@ -57,52 +77,113 @@ func (r *Ranges) Get(key string) (IDRange, error) {
 	if !rangeKey.MatchString(key) {
 		return IDRange{}, fmt.Errorf("sandbox: id range key %q is invalid", key)
 	}
-	if err := os.MkdirAll(filepath.Dir(r.File), 0o700); err != nil {
+	if !filepath.IsAbs(r.Owner) {
+		return IDRange{}, fmt.Errorf("sandbox: id ranges need the data dir's absolute path, not %q", r.Owner)
+	}
+	file := r.File
+	if file == "" {
+		file = HostRangesFile
+	}
+	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
 		return IDRange{}, fmt.Errorf("sandbox: %w", err)
 	}
-	lock, err := os.OpenFile(r.File+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	lock, err := os.OpenFile(file+".lock", os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return IDRange{}, fmt.Errorf("sandbox: %w", err)
 	}
 	defer lock.Close()
 	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return IDRange{}, fmt.Errorf("sandbox: locking %s: %w", r.File, err)
+		return IDRange{}, fmt.Errorf("sandbox: locking %s: %w", file, err)
 	}
-	m := map[string]int{}
-	b, err := os.ReadFile(r.File)
+	var st rangeFile
+	b, err := os.ReadFile(file)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
 		return IDRange{}, fmt.Errorf("sandbox: %w", err)
 	default:
-		if err := json.Unmarshal(b, &m); err != nil {
-			return IDRange{}, fmt.Errorf("sandbox: %s is corrupt: %w", r.File, err)
+		if err := json.Unmarshal(b, &st); err != nil {
+			return IDRange{}, fmt.Errorf("sandbox: %s is corrupt: %w", file, err)
 		}
 	}
-	if i, ok := m[key]; ok && i >= 0 && i < maxRanges {
-		return IDRange{Base: FirstHostID + uint32(i)*RangeSize}, nil
+	used := map[int]bool{}
+	kept := st.Ranges[:0]
+	for _, e := range st.Ranges {
+		if e.Owner == r.Owner && e.Key == key && e.Index >= 0 && e.Index < maxRanges {
+			return indexRange(e.Index), nil
+		}
+		if _, err := os.Stat(e.Owner); errors.Is(err, os.ErrNotExist) {
+			continue // its data dir is gone: so are its files
+		}
+		used[e.Index] = true
+		kept = append(kept, e)
 	}
-	used := make(map[int]bool, len(m))
-	for _, i := range m {
-		used[i] = true
-	}
+	// Hand out ranges in turn, from where the last one was: a range freed a moment ago (its
+	// processes may not all have exited) comes back only after every other one.
+	taken := subordinateRanges()
 	next := -1
-	for i := 0; i < maxRanges; i++ {
-		if !used[i] {
+	for n := 0; n < maxRanges && next < 0; n++ {
+		i := (st.Next + n) % maxRanges
+		if !used[i] && !overlaps(indexRange(i), taken) {
 			next = i
-			break
 		}
 	}
 	if next < 0 {
 		return IDRange{}, fmt.Errorf("sandbox: all %d host id ranges are taken", maxRanges)
 	}
-	m[key] = next
-	out, err := json.MarshalIndent(m, "", "  ")
+	st.Ranges = append(kept, rangeEntry{Owner: r.Owner, Key: key, Index: next})
+	st.Next = (next + 1) % maxRanges
+	out, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return IDRange{}, err
 	}
-	if err := renameio.WriteFile(r.File, out, 0o600); err != nil {
-		return IDRange{}, fmt.Errorf("sandbox: saving %s: %w", r.File, err)
+	if err := renameio.WriteFile(file, out, 0o600); err != nil {
+		return IDRange{}, fmt.Errorf("sandbox: saving %s: %w", file, err)
 	}
-	return IDRange{Base: FirstHostID + uint32(next)*RangeSize}, nil
+	return indexRange(next), nil
+}
+
+// rangeFile is HostRangesFile's content.
+type rangeFile struct {
+	Next   int          `json:"next"` // where the next allocation starts looking
+	Ranges []rangeEntry `json:"ranges"`
+}
+
+func indexRange(i int) IDRange { return IDRange{Base: FirstHostID + uint32(i)*RangeSize} }
+
+// subordinateRanges are the host id ranges /etc/subuid and /etc/subgid give to users
+// ("name:start:count" lines), which their own containers use.
+func subordinateRanges() [][2]uint64 {
+	var out [][2]uint64
+	for _, f := range subIDFiles {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			p := strings.Split(strings.TrimSpace(line), ":")
+			if len(p) != 3 {
+				continue
+			}
+			start, err1 := strconv.ParseUint(p[1], 10, 32)
+			n, err2 := strconv.ParseUint(p[2], 10, 32)
+			if err1 == nil && err2 == nil && n > 0 {
+				out = append(out, [2]uint64{start, start + n})
+			}
+		}
+	}
+	return out
+}
+
+// subIDFiles are the subordinate id files of the host (a variable for tests).
+var subIDFiles = []string{"/etc/subuid", "/etc/subgid"}
+
+func overlaps(r IDRange, taken [][2]uint64) bool {
+	lo, hi := uint64(r.Base), uint64(r.Base)+RangeSize
+	for _, t := range taken {
+		if lo < t[1] && t[0] < hi {
+			return true
+		}
+	}
+	return false
 }

@@ -24,8 +24,8 @@ import (
 // testIDs is a range for these tests, allocated like kpush allocates an app's.
 func testIDs(t testing.TB) IDRange {
 	t.Helper()
-	r := &Ranges{File: filepath.Join(t.TempDir(), "ids.json")}
-	ids, err := r.Get("test/sandbox")
+	// Host-wide, like kpush's own: no other test or kpush on this host gets these ids.
+	ids, err := NewRanges(t.TempDir()).Get("test/sandbox")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,8 +220,8 @@ func TestSandboxMountsOnlyWhatItIsGiven(t *testing.T) {
 func TestSandboxLimitsProcessesAndTmpfs(t *testing.T) {
 	needRoot(t)
 	spec := Spec{Root: busyboxRoot(t), Mounts: []Mount{{Dest: "/tmp", Size: 1 << 20}},
-		// A range no other test uses: the limit counts every process of the host uid.
-		HostIDs: IDRange{Base: FirstHostID + 7*RangeSize}, UID: 1000, GID: 1000, MaxProcs: 20}
+		// A range of its own (testIDs): the limit counts every process of the host uid.
+		HostIDs: testIDs(t), UID: 1000, GID: 1000, MaxProcs: 20}
 	// A fork bomb stops at MaxProcs: of 60 background sleeps most cannot start.
 	out, err := sh(t, spec, `(for i in $(seq 60); do sleep 3 & done) 2>/dev/null; n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo "started $n"`)
 	if err != nil {
@@ -290,31 +290,58 @@ func TestStartRefusesHostIDsOutsideKpushsRanges(t *testing.T) {
 	}
 }
 
-func TestRangesAreStableAndDistinct(t *testing.T) {
-	file := filepath.Join(t.TempDir(), "state", "ids.json")
-	r := &Ranges{File: file}
-	a, err := r.Get("app/a")
-	if err != nil {
-		t.Fatal(err)
+func TestRangesAreStableDistinctAndHostWide(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "host", "ids.json")
+	dataA, dataB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	for _, d := range []string{dataA, dataB} {
+		os.Mkdir(d, 0o700)
 	}
-	b, err := r.Get("build/a")
-	if err != nil {
-		t.Fatal(err)
+	subuid := filepath.Join(dir, "subuid")
+	// Another user's containers own the second range.
+	os.WriteFile(subuid, []byte(fmt.Sprintf("bob:%d:65536\n", FirstHostID+RangeSize)), 0o644)
+	defer func(f []string) { subIDFiles = f }(subIDFiles)
+	subIDFiles = []string{subuid}
+
+	get := func(owner, key string) IDRange {
+		t.Helper()
+		r, err := (&Ranges{File: file, Owner: owner}).Get(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
 	}
-	again, err := (&Ranges{File: file}).Get("app/a")
-	if err != nil {
-		t.Fatal(err)
+	appA, buildA, appB := get(dataA, "app/x"), get(dataA, "build/x"), get(dataB, "app/x")
+	if appA == buildA || appA == appB || buildA == appB {
+		t.Fatalf("ranges shared: app/x %d, build/x %d, the other data dir's app/x %d", appA.Base, buildA.Base, appB.Base)
 	}
-	if a == b || again != a || a.Base < FirstHostID || b.Base < FirstHostID || (a.Base-FirstHostID)%RangeSize != 0 {
-		t.Fatalf("app/a %d, build/a %d, app/a again %d", a.Base, b.Base, again.Base)
+	for _, r := range []IDRange{appA, buildA, appB} {
+		if r.Base < FirstHostID || (r.Base-FirstHostID)%RangeSize != 0 || r.Base == FirstHostID+RangeSize {
+			t.Errorf("range %d is not a free one of kpush's", r.Base)
+		}
+	}
+	if again := get(dataA, "app/x"); again != appA {
+		t.Errorf("app/x again: %d, want %d", again.Base, appA.Base)
 	}
 	if fi, err := os.Stat(file); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("ids file: %v %v", fi, err)
 	}
+	// A data dir that is gone frees its ranges, which come back only after the others.
+	os.RemoveAll(dataB)
+	if next := get(dataA, "app/y"); next == appB || next == appA || next == buildA {
+		t.Errorf("app/y got %d, a range that is in use or was freed a moment ago", next.Base)
+	}
+	b, _ := os.ReadFile(file)
+	if strings.Contains(string(b), dataB) {
+		t.Errorf("the ranges of a data dir that is gone are still recorded:\n%s", b)
+	}
 	for _, bad := range []string{"", "app", "app/", "app/A", "../x", "app/a/b"} {
-		if _, err := r.Get(bad); err == nil {
+		if _, err := (&Ranges{File: file, Owner: dataA}).Get(bad); err == nil {
 			t.Errorf("key %q accepted", bad)
 		}
+	}
+	if _, err := (&Ranges{File: file, Owner: "relative"}).Get("app/x"); err == nil {
+		t.Error("a relative owner accepted")
 	}
 }
 
