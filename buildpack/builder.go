@@ -90,6 +90,31 @@ func readDescriptor(fsys fs.FS) (buildpackDescriptor, error) {
 // escapeID is the lifecycle's directory name for a buildpack ID ("kpush/go" → "kpush_go").
 func escapeID(id string) string { return strings.ReplaceAll(id, "/", "_") }
 
+// lifecyclePhases are the names the lifecycle binary answers to (it dispatches on argv[0]).
+var lifecyclePhases = []string{"creator", "detector", "analyzer", "restorer", "builder", "exporter", "rebaser", "extender"}
+
+// WriteCNB lays out a builder image's /cnb in the directory cnb, as Local lays it out for
+// each build: lifecycle/ with empty mount points for the lifecycle and launcher binaries
+// (bound read-only over them) and the phase names linked to the lifecycle, plus what
+// writeBuilder writes (bps, order.toml from order, run.toml naming runImage). Exported for
+// buildpacktest.LocalBuilderImage, which lays out the same /cnb for a build Pod's builder.
+func WriteCNB(cnb string, bps []fs.FS, order []Group, runImage string) error {
+	if err := os.MkdirAll(filepath.Join(cnb, "lifecycle"), 0o755); err != nil {
+		return err
+	}
+	for _, f := range []string{"lifecycle", "launcher"} {
+		if err := os.WriteFile(filepath.Join(cnb, "lifecycle", f), nil, 0o755); err != nil {
+			return err
+		}
+	}
+	for _, p := range lifecyclePhases {
+		if err := os.Symlink("lifecycle", filepath.Join(cnb, "lifecycle", p)); err != nil {
+			return err
+		}
+	}
+	return writeBuilder(cnb, bps, order, runImage)
+}
+
 // writeBuilder lays out a builder's /cnb tree in dir: buildpacks/<escaped id>/<version>/ for
 // every buildpack in bps, order.toml from order (versions filled in) and run.toml naming
 // runImage. It returns an error if order names a buildpack that bps lacks.

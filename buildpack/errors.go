@@ -45,28 +45,47 @@ func (e *Error) Unwrap() []error {
 	return errs
 }
 
-// lifecycleError maps the creator's exit code (Platform API 0.14 exit codes: detect 20-29,
-// analyze 30-39, restore 40-49, build 50-59, export 60-69) and its last ERROR line to an *Error.
-// image is the repository being published, for the message.
+// The lifecycle's exit codes (Platform API 0.14), named as the lifecycle's platform package
+// names them: github.com/buildpacks/lifecycle v0.20.4, platform/exit.go (defaultExitCodes;
+// the spec: https://github.com/buildpacks/spec/blob/main/platform.md#exit-codes). Copied, not
+// imported: the lifecycle module would bring hundreds of modules into kpush's go.mod. Each
+// phase owns a range of ten (detect 20-29, analyze 30-39, restore 40-49, build 50-59, export
+// 60-69); lifecycleError matches a phase by its range (samePhase), so a code the lifecycle
+// adds within a range still counts as that phase's.
+const (
+	exitFailedDetect           = 20 // platform.FailedDetect: no buildpack group passed detection
+	exitFailedDetectWithErrors = 21 // platform.FailedDetectWithErrors: none passed, and at least one errored
+	exitAnalyzeError           = 32 // platform.AnalyzeError: generic analyze error
+	exitRestoreError           = 42 // platform.RestoreError: generic restore error
+	exitBuildError             = 52 // platform.BuildError: generic build error (51, FailedBuildWithErrors: a buildpack's bin/build failed)
+	exitExportError            = 62 // platform.ExportError: generic export error
+)
+
+// samePhase reports whether exit code code is in the range of the phase whose exit code
+// phaseCode is (the same ten: 30-39 for exitAnalyzeError).
+func samePhase(code, phaseCode int) bool { return code/10 == phaseCode/10 }
+
+// lifecycleError maps the creator's exit code (the exit* constants) and its last ERROR line
+// to an *Error. image is the repository being published, for the message.
 func lifecycleError(code int, detail, image string, cause error) *Error {
 	e := &Error{ExitCode: code, Detail: detail, Err: cause}
 	switch {
-	case code == 20 || code == 21:
+	case code == exitFailedDetect || code == exitFailedDetectWithErrors:
 		e.Kind, e.Msg = ErrDetect, ErrDetect.Error()
 		e.Hint = "add go.mod or a Procfile at the repo root"
-		if code == 21 {
+		if code == exitFailedDetectWithErrors {
 			e.Msg += " (a buildpack's detect step failed with an error, see above)"
 		}
-	case code >= 50 && code <= 59:
+	case samePhase(code, exitBuildError):
 		e.Kind, e.Msg = ErrBuild, "build failed: see the buildpack output above"
-	case code >= 30 && code <= 39, code >= 60 && code <= 69, mentionsRegistry(detail):
+	case samePhase(code, exitAnalyzeError), samePhase(code, exitExportError), mentionsRegistry(detail):
 		e.Kind = ErrExport
 		e.Msg = fmt.Sprintf("publishing the image to %s failed", image)
 		if detail != "" {
 			e.Msg += ": " + detail
 		}
 		e.Hint = "check that the registry is running and reachable, and its credentials"
-	case code >= 40 && code <= 49:
+	case samePhase(code, exitRestoreError):
 		e.Kind = ErrLifecycle
 		e.Msg = "restoring the build cache failed"
 		if detail != "" {

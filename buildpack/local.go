@@ -15,10 +15,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -31,9 +29,6 @@ import (
 
 // PlatformAPI is the CNB Platform API version Local speaks to the lifecycle.
 const PlatformAPI = "0.14"
-
-// lifecyclePhases are the names the lifecycle binary answers to (it dispatches on argv[0]).
-var lifecyclePhases = []string{"creator", "detector", "analyzer", "restorer", "builder", "exporter", "rebaser", "extender"}
 
 // goEnvPassThrough are the host's `go env` settings handed to buildpacks (as platform env
 // files) when Local.GoEnv is nil, so module downloads use the same proxy as the host.
@@ -205,6 +200,11 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 			log.Warn("writing build output", "err", sink.werr)
 		}
 		log.Debug("lifecycle phase finished", "phase", ph.name, "duration", time.Since(pt), "err", runErr)
+		if runErr == nil && (ph.name == "analyzer" || ph.name == "restorer") {
+			if err := publishAnalyzed(build); err != nil {
+				return Result{}, &Error{Kind: ErrLifecycle, Msg: "the lifecycle's " + ph.name + " left no readable analyzed.toml", ExitCode: 0, Err: err}
+			}
+		}
 		if runErr == nil {
 			continue
 		}
@@ -220,7 +220,7 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 		log.Warn("build failed", "phase", ph.name, "exit_code", code, "kind", e.Kind, "detail", e.Detail, "duration", time.Since(t0))
 		return Result{}, e
 	}
-	digest, err := readReportDigest(filepath.Join(build, "layers", "report.toml"))
+	digest, err := readReportDigest(build)
 	if err != nil {
 		return Result{}, &Error{Kind: ErrLifecycle, Msg: "the build finished but reported no image digest", ExitCode: 0, Err: err}
 	}
@@ -340,431 +340,6 @@ func (l *Local) runImage(ctx context.Context, image string) (string, error) {
 	return ref, nil
 }
 
-// lockApp serialises builds of one app: in this process with a channel (so ctx can cancel
-// the wait), across processes with flock on <DataDir>/cache/<app>.lock.
-func (l *Local) lockApp(ctx context.Context, app string, out io.Writer) (func(), error) {
-	l.mu.Lock()
-	if l.appLocks == nil {
-		l.appLocks = map[string]chan struct{}{}
-	}
-	ch, ok := l.appLocks[app]
-	if !ok {
-		ch = make(chan struct{}, 1)
-		l.appLocks[app] = ch
-	}
-	l.mu.Unlock()
-	told := false
-	tell := func() {
-		if !told {
-			fmt.Fprintf(out, "-----> Waiting for another build of %s to finish\n", app)
-			told = true
-		}
-	}
-	select {
-	case ch <- struct{}{}:
-	default:
-		tell()
-		select {
-		case ch <- struct{}{}:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for another build of %s: %w", app, ctx.Err())
-		}
-	}
-	release := func() { <-ch }
-	dir := filepath.Join(l.DataDir, "cache")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		release()
-		return nil, fmt.Errorf("creating cache directory: %w", err)
-	}
-	f, err := os.OpenFile(filepath.Join(dir, app+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		release()
-		return nil, fmt.Errorf("opening build lock: %w", err)
-	}
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			release()
-			return nil, fmt.Errorf("locking build cache: %w", err)
-		}
-		tell()
-		select {
-		case <-time.After(200 * time.Millisecond):
-		case <-ctx.Done():
-			f.Close()
-			release()
-			return nil, fmt.Errorf("waiting for another build of %s: %w", app, ctx.Err())
-		}
-	}
-	return func() { f.Close(); release() }, nil
-}
-
-// tryLockApp takes app's build lock (lockApp) if nobody holds it, in this process or another.
-func (l *Local) tryLockApp(app string) (unlock func(), ok bool) {
-	l.mu.Lock()
-	if l.appLocks == nil {
-		l.appLocks = map[string]chan struct{}{}
-	}
-	ch, found := l.appLocks[app]
-	if !found {
-		ch = make(chan struct{}, 1)
-		l.appLocks[app] = ch
-	}
-	l.mu.Unlock()
-	select {
-	case ch <- struct{}{}:
-	default:
-		return nil, false
-	}
-	f, err := os.OpenFile(filepath.Join(l.DataDir, "cache", app+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		<-ch
-		return nil, false
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		<-ch
-		return nil, false
-	}
-	return func() { f.Close(); <-ch }, true
-}
-
-// buildDirName is a per-build directory's name: "<app>-<tag>" (newTag).
-var buildDirName = regexp.MustCompile(`^(.+)-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$`)
-
-// buildDirApp returns the app of a per-build directory name.
-func buildDirApp(name string) (string, bool) {
-	m := buildDirName.FindStringSubmatch(name)
-	if m == nil || !appName.MatchString(m[1]) {
-		return "", false
-	}
-	return m[1], true
-}
-
-// ForgetApp removes what Local keeps of app: its build cache (<DataDir>/cache/<app>) and any
-// per-build directory a crashed build left. It waits (up to a minute) for a running build of
-// app. It implements receiver.AppForgetter, for apps:destroy.
-func (l *Local) ForgetApp(app string) error {
-	if !appName.MatchString(app) {
-		return fmt.Errorf("app name %q is not a DNS-1035 label", app)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	unlock, err := l.lockApp(ctx, app, io.Discard)
-	if err != nil {
-		return err
-	}
-	defer unlock() // the lock file stays: another process may be waiting on it
-	if err := os.RemoveAll(filepath.Join(l.DataDir, "cache", app)); err != nil {
-		return fmt.Errorf("removing the build cache of %s: %w", app, err)
-	}
-	ents, _ := os.ReadDir(filepath.Join(l.DataDir, "builds"))
-	for _, e := range ents {
-		if a, ok := buildDirApp(e.Name()); ok && a == app {
-			if err := os.RemoveAll(filepath.Join(l.DataDir, "builds", e.Name())); err != nil {
-				return fmt.Errorf("removing a build directory of %s: %w", app, err)
-			}
-		}
-	}
-	return nil
-}
-
-// RemoveLeftovers removes per-build directories (<DataDir>/builds/<app>-<tag>) that a killed
-// process left behind: those last modified before before (the process start) whose app no
-// build holds the build lock of, here or in another process sharing DataDir (a running build
-// holds it for as long as its directory exists). It returns the paths removed.
-func (l *Local) RemoveLeftovers(before time.Time) ([]string, error) {
-	dir := filepath.Join(l.DataDir, "builds")
-	ents, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("listing build directories: %w", err)
-	}
-	if err := os.MkdirAll(filepath.Join(l.DataDir, "cache"), 0o755); err != nil {
-		return nil, fmt.Errorf("creating cache directory: %w", err)
-	}
-	var removed []string
-	var errs []error
-	for _, e := range ents {
-		app, ok := buildDirApp(e.Name())
-		if !ok {
-			continue
-		}
-		info, err := e.Info()
-		if err != nil || !info.ModTime().Before(before) {
-			continue
-		}
-		unlock, ok := l.tryLockApp(app)
-		if !ok {
-			continue // a build of app is running
-		}
-		p := filepath.Join(dir, e.Name())
-		if err := os.RemoveAll(p); err != nil {
-			errs = append(errs, fmt.Errorf("removing %s: %w", p, err))
-		} else {
-			removed = append(removed, p)
-		}
-		unlock()
-	}
-	return removed, errors.Join(errs...)
-}
-
-// prepare creates the per-build directory tree (see Local) with order as the builder's
-// order.toml, and the app's cache directory, and chowns the source to the CNB user.
-func (l *Local) prepare(build, cacheDir, source, runImage string, order []Group, env map[string]string, ids sandbox.IDRange) error {
-	for _, d := range []string{"cnb/lifecycle", "layers", "platform/env", "home", cacheDir} {
-		p := d
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(build, d)
-		}
-		if err := os.MkdirAll(p, 0o755); err != nil {
-			return err
-		}
-	}
-	cnb := filepath.Join(build, "cnb")
-	// Mount points for the lifecycle and launcher binaries (bound read-only by bwrap).
-	for _, f := range []string{"lifecycle", "launcher"} {
-		if err := os.WriteFile(filepath.Join(cnb, "lifecycle", f), nil, 0o755); err != nil {
-			return err
-		}
-	}
-	for _, p := range lifecyclePhases {
-		if err := os.Symlink("lifecycle", filepath.Join(cnb, "lifecycle", p)); err != nil {
-			return err
-		}
-	}
-	bps := append(BuiltinBuildpacks(), l.ExtraBuildpacks...)
-	if err := writeBuilder(cnb, bps, order, runImage); err != nil {
-		return err
-	}
-	for k, v := range env {
-		if err := os.WriteFile(filepath.Join(build, "platform", "env", k), []byte(v), 0o644); err != nil {
-			return err
-		}
-	}
-	passwd := fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\n%s:x:%d:%d:CNB user:/home/%s:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n",
-		CNBUser, CNBUserID, CNBGroupID, CNBUser)
-	group := fmt.Sprintf("root:x:0:\n%s:x:%d:\nnogroup:x:65534:\n", CNBUser, CNBGroupID)
-	if err := os.WriteFile(filepath.Join(build, "passwd"), []byte(passwd), 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(build, "group"), []byte(group), 0o644); err != nil {
-		return err
-	}
-	if err := writeEtc(build); err != nil {
-		return err
-	}
-	uid, gid := int(ids.Host(CNBUserID)), int(ids.Host(CNBGroupID))
-	for _, d := range []string{"home", "layers"} {
-		if err := os.Lchown(filepath.Join(build, d), uid, gid); err != nil {
-			return err
-		}
-	}
-	// The cache keeps its owner between builds; a cache from before the app had its own
-	// host ids (or restored from elsewhere) is handed over once.
-	if fi, err := os.Stat(cacheDir); err != nil {
-		return err
-	} else if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != uid || int(st.Gid) != gid {
-		if err := chownTree(cacheDir, uid, gid); err != nil {
-			return err
-		}
-	}
-	return chownTree(source, uid, gid)
-}
-
-// chownTree gives every file under dir (dir included, symlinks themselves) to uid:gid.
-func chownTree(dir string, uid, gid int) error {
-	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(p, uid, gid)
-	})
-}
-
-// writeEtc writes the build sandbox's /etc files into the build directory: hosts, and
-// resolv.conf twice: resolv.conf.outbound (slirp4netns's resolver, for the phases that run
-// buildpacks) and resolv.conf.host (the host's resolvers, for the lifecycle's registry
-// phases on the host's network). The host's own /etc stays out of every phase.
-func writeEtc(build string) error {
-	hostResolv, err := os.ReadFile("/etc/resolv.conf")
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	for name, data := range map[string]string{
-		"hosts":                "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
-		"resolv.conf.outbound": "nameserver " + sandbox.SlirpDNS + "\n",
-		"resolv.conf.host":     string(hostResolv),
-	} {
-		if err := os.WriteFile(filepath.Join(build, name), []byte(data), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// buildSandbox is what every lifecycle phase of one build mounts and runs as.
-type buildSandbox struct {
-	build     string // per-build directory (cnb/, layers/, platform/, home/, passwd, group, hosts, resolv.conf.*)
-	source    string // → /workspace
-	cache     string // → /cache
-	goRoot    string // → GoRootPath
-	lifecycle string // → /cnb/lifecycle/lifecycle
-	launcher  string // → /cnb/lifecycle/launcher
-	ids       sandbox.IDRange
-	auth      string // CNB_REGISTRY_AUTH, for the phases that talk to the registry; "" = none
-	stdout    io.Writer
-	stderr    io.Writer
-}
-
-// phase is one lifecycle phase run in a sandbox of its own.
-type phase struct {
-	name   string   // the lifecycle binary (/cnb/lifecycle/<name>)
-	header string   // the line the creator prints before it, e.g. "===> DETECTING"
-	args   []string // its flags and arguments
-	// registry: the phase talks to the registry (analyze, restore, export). It alone gets the
-	// credentials and the host's network, and never runs buildpack code.
-	registry bool
-	// buildpacks: the phase runs buildpack code (detect, build): no credentials, its own
-	// network (build: outbound only, no host loopback; detect: none), the CNB user's $HOME.
-	network   sandbox.Network
-	workspace bool // /workspace writable (build)
-	platform  bool // /platform mounted (detect, build)
-	home      bool // /home/cnb mounted (detect, build)
-	cache     bool // /cache mounted (restore, export)
-	cacheRW   bool // read-write
-	goRoot    bool // the Go toolchain at GoRootPath (detect, build)
-}
-
-// phases are the lifecycle's five phases as kpack runs them (Platform API 0.14): analyze,
-// detect, restore, build, export, each in its own sandbox, so that the registry credentials
-// reach only analyze, restore and export, which run no buildpack code. previous (if not "")
-// is -previous-image, the image whose layers the export may reuse.
-func phases(image, previous string, insecure []string) []phase {
-	const (
-		analyzed = "-analyzed=/layers/analyzed.toml"
-		group    = "-group=/layers/group.toml"
-		plan     = "-plan=/layers/plan.toml"
-	)
-	reg := func(a []string) []string {
-		for _, r := range insecure {
-			a = append(a, "-insecure-registry="+r)
-		}
-		return a
-	}
-	analyze := []string{"-layers=/layers", analyzed, "-run=/cnb/run.toml"}
-	if previous != "" {
-		analyze = append(analyze, "-previous-image="+previous)
-	}
-	return []phase{
-		{name: "analyzer", header: "===> ANALYZING", registry: true, network: sandbox.NetHost,
-			args: append(reg(analyze), image)},
-		{name: "detector", header: "===> DETECTING", network: sandbox.NetNone, platform: true, home: true, goRoot: true,
-			args: []string{"-app=/workspace", "-layers=/layers", "-platform=/platform",
-				"-buildpacks=/cnb/buildpacks", "-order=/cnb/order.toml", analyzed, group, plan}},
-		{name: "restorer", header: "===> RESTORING", registry: true, network: sandbox.NetHost, cache: true, cacheRW: true, // it stages in the cache
-			args: reg([]string{"-layers=/layers", "-cache-dir=/cache", analyzed, group})},
-		{name: "builder", header: "===> BUILDING", network: sandbox.NetOutbound, workspace: true, platform: true, home: true, goRoot: true,
-			args: []string{"-app=/workspace", "-layers=/layers", "-platform=/platform",
-				"-buildpacks=/cnb/buildpacks", analyzed, group, plan}},
-		{name: "exporter", header: "===> EXPORTING", registry: true, network: sandbox.NetHost, cache: true, cacheRW: true,
-			args: append(reg([]string{"-app=/workspace", "-layers=/layers", "-cache-dir=/cache",
-				"-launcher=/cnb/lifecycle/launcher", "-report=/layers/report.toml", "-run=/cnb/run.toml",
-				analyzed, group, "-parallel"}), image)},
-	}
-}
-
-// spec is ph's sandbox: the host's /usr (programs and libraries) and a generated /etc,
-// read-only; the builder at /cnb; /layers; and only the rest ph needs (see phase).
-func (b *buildSandbox) spec(ph phase) sandbox.Spec {
-	m := sandbox.HostSystemMounts()
-	resolv := "resolv.conf.outbound"
-	if ph.network == sandbox.NetHost {
-		resolv = "resolv.conf.host"
-	}
-	m = append(m,
-		sandbox.Mount{Source: filepath.Join(b.build, "passwd"), Dest: "/etc/passwd"},
-		sandbox.Mount{Source: filepath.Join(b.build, "group"), Dest: "/etc/group"},
-		sandbox.Mount{Source: filepath.Join(b.build, "hosts"), Dest: "/etc/hosts"},
-		sandbox.Mount{Source: filepath.Join(b.build, resolv), Dest: "/etc/resolv.conf"},
-	)
-	if _, err := os.Stat(hostCABundle); err == nil {
-		m = append(m, sandbox.Mount{Source: hostCABundle, Dest: hostCABundle})
-	}
-	m = append(m,
-		sandbox.Mount{Dest: "/tmp", Size: 1 << 30}, // compilers' scratch space
-		sandbox.Mount{Source: filepath.Join(b.build, "cnb"), Dest: "/cnb"},
-		sandbox.Mount{Source: b.lifecycle, Dest: "/cnb/lifecycle/lifecycle"},
-		sandbox.Mount{Source: b.launcher, Dest: "/cnb/lifecycle/launcher"},
-		sandbox.Mount{Source: filepath.Join(b.build, "layers"), Dest: "/layers", Writable: true},
-	)
-	if ph.name != "analyzer" && ph.name != "restorer" {
-		m = append(m, sandbox.Mount{Source: b.source, Dest: "/workspace", Writable: ph.workspace})
-	}
-	if ph.platform {
-		m = append(m, sandbox.Mount{Source: filepath.Join(b.build, "platform"), Dest: "/platform"})
-	}
-	if ph.home {
-		m = append(m, sandbox.Mount{Source: filepath.Join(b.build, "home"), Dest: "/home/" + CNBUser, Writable: true})
-	}
-	if ph.cache {
-		m = append(m, sandbox.Mount{Source: b.cache, Dest: "/cache", Writable: ph.cacheRW})
-	}
-	if ph.goRoot {
-		m = append(m, sandbox.Mount{Source: b.goRoot, Dest: GoRootPath})
-	}
-	env := []string{
-		"PATH=" + GoRootPath + "/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOME=/home/" + CNBUser,
-		"CNB_PLATFORM_API=" + PlatformAPI,
-		"CNB_USER_ID=" + strconv.Itoa(CNBUserID),
-		"CNB_GROUP_ID=" + strconv.Itoa(CNBGroupID),
-		"CNB_NO_COLOR=true",
-		"TERM=dumb",
-		"LANG=C.UTF-8",
-	}
-	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"} {
-		if v, ok := os.LookupEnv(k); ok {
-			env = append(env, k+"="+v)
-		}
-	}
-	if ph.registry && b.auth != "" {
-		env = append(env, "CNB_REGISTRY_AUTH="+b.auth)
-	}
-	dir := "/workspace"
-	if ph.name == "analyzer" || ph.name == "restorer" {
-		dir = "/layers"
-	}
-	return sandbox.Spec{
-		Argv:     append([]string{"/cnb/lifecycle/" + ph.name, "-log-level=info", "-no-color"}, ph.args...),
-		Env:      env,
-		Dir:      dir,
-		Hostname: "kpush-build",
-		Mounts:   m,
-		HostIDs:  b.ids, UID: CNBUserID, GID: CNBGroupID,
-		Network:    ph.network,
-		NewSession: true,
-		// The registry phases read files buildpack code wrote (/layers): with no /proc, no
-		// symlink there can lead them to their own environment and its credentials.
-		NoProc: ph.registry,
-		Stdout: b.stdout, Stderr: b.stderr,
-	}
-}
-
-// hostCABundle is the host's CA bundle (Debian's path, which Go and OpenSSL read), given to
-// build sandboxes so buildpacks can verify the package registries they download from.
-const hostCABundle = "/etc/ssl/certs/ca-certificates.crt"
-
-func (b *buildSandbox) run(ctx context.Context, ph phase) error {
-	return sandbox.Run(ctx, b.spec(ph))
-}
-
 // ids returns the host id ranges of the data dir's build sandboxes.
 func (l *Local) ids() *sandbox.Ranges {
 	dir, err := filepath.Abs(l.DataDir)
@@ -791,15 +366,20 @@ func registryAuth(user, pass string, refs ...string) string {
 	return string(b)
 }
 
-// readReportDigest returns the image digest ("sha256:<hex>") from the lifecycle's report.toml.
-func readReportDigest(path string) (string, error) {
+// readReportDigest returns the image digest ("sha256:<hex>") from the report.toml the exporter
+// wrote in the build's control directory (readControlFile: no symlink followed, bounded).
+func readReportDigest(build string) (string, error) {
+	b, err := readControlFile(build, "report.toml")
+	if err != nil {
+		return "", fmt.Errorf("reading report.toml: %w", err)
+	}
 	var report struct {
 		Image struct {
 			Tags   []string `toml:"tags"`
 			Digest string   `toml:"digest"`
 		} `toml:"image"`
 	}
-	if _, err := toml.DecodeFile(path, &report); err != nil {
+	if _, err := toml.Decode(string(b), &report); err != nil {
 		return "", fmt.Errorf("reading report.toml: %w", err)
 	}
 	d := report.Image.Digest

@@ -578,7 +578,7 @@ func BenchmarkBuildWarm(b *testing.B) {
 func TestBuildpackCannotLeadRegistryPhasesToTheCredentials(t *testing.T) {
 	for _, c := range []struct{ name, detect, build string }{
 		// detect replaces what analyze wrote and restore reads
-		{"analyzed.toml", "ln -sf /proc/self/environ /layers/analyzed.toml\n", ""},
+		{"analyzed.toml", "ln -sf /proc/self/environ /kpush/analyzed.toml; ln -sf /proc/self/environ /layers/analyzed.toml\n", ""},
 		// build leaves a layer whose metadata export reads
 		{"layer metadata", "", "mkdir -p \"$1/leak\"\nprintf '[types]\\nlaunch = true\\n' > \"$1/leak.toml\"\n" +
 			"ln -sf /proc/self/environ /layers/report.toml\n"},
@@ -604,5 +604,45 @@ func TestBuildpackCannotLeadRegistryPhasesToTheCredentials(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The run image and previous image the export uses come from analyze alone: a buildpack
+// (here its detect and build steps) cannot rewrite analyzed.toml to make the export base the
+// app on another app's image, or reach a registry or host service of its choosing.
+func TestBuildpackCannotChooseTheExportsRunImage(t *testing.T) {
+	h := newHarness(t)
+	evil := `[run-image]\n  reference = "127.0.0.1:1/victim@sha256:` + strings.Repeat("ab", 32) + `"\n  image = "127.0.0.1:1/victim"\n`
+	try := "for f in /kpush/analyzed.toml /layers/analyzed.toml; do if printf '" + evil + "' > $f 2>/dev/null; then echo \"hostile: wrote $f\"; else echo \"hostile: refused $f\"; fi; done\n"
+	hostile := writeTree(t, map[string]string{
+		"buildpack.toml": "api = \"0.10\"\n[buildpack]\nid = \"test/hostile\"\nversion = \"0.0.1\"\n[[targets]]\nos = \"linux\"\n",
+		"bin/detect":     "#!/bin/sh\n" + try + "exit 0\n",
+		"bin/build":      "#!/bin/sh\n" + try + "exit 0\n",
+	})
+	h.local.ExtraBuildpacks = []fs.FS{os.DirFS(hostile)}
+	h.local.Order = []Group{{{ID: ProcfileID}, {ID: "test/hostile"}}}
+	src := writeTree(t, map[string]string{"Procfile": "web: sleep 1000\n"})
+	res, out, err := h.build(t, "hostile", src, nil)
+	if err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "hostile: wrote /kpush/analyzed.toml") || !strings.Contains(out, "hostile: refused /kpush/analyzed.toml") {
+		t.Errorf("a buildpack could write the analyzed.toml the export reads:\n%s", out)
+	}
+	// The image is based on kpush's run image, not the one the buildpack asked for.
+	ref, err := name.ParseReference(res.Image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := remote.Image(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md := cf.Config.Labels["io.buildpacks.lifecycle.metadata"]; strings.Contains(md, "victim") || !strings.Contains(md, "kpush.run") {
+		t.Errorf("the image's lifecycle metadata names another run image: %s", md)
 	}
 }

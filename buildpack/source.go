@@ -261,7 +261,7 @@ func TarDir(w io.Writer, dir string) error {
 // path through a symlink fails the extraction (archive.ErrUnsafe), hard links must point at
 // an earlier entry inside dest, device and FIFO entries are skipped.
 func ExtractTar(r io.Reader, dest string) error {
-	return archive.Extract(context.Background(), r, dest, archive.Options{})
+	return archive.Extract(context.Background(), r, dest, archive.Options{MaxBytes: archive.SourceMaxBytes})
 }
 
 // FetchSource downloads a build context from a SourceServer at url with token and extracts it
@@ -290,7 +290,7 @@ func FetchSource(ctx context.Context, client *http.Client, url, token, dest stri
 	if err != nil {
 		return fmt.Errorf("fetching build source: %w", err)
 	}
-	if err := archive.Extract(ctx, zr, dest, archive.Options{}); err != nil {
+	if err := archive.Extract(ctx, zr, dest, archive.Options{MaxBytes: archive.SourceMaxBytes}); err != nil {
 		return fmt.Errorf("fetching build source: %w", err)
 	}
 	return nil

@@ -276,11 +276,11 @@ func TestBuildSandboxPhases(t *testing.T) {
 		mounts, notMounted []string // "dest" or "dest rw"
 	}
 	wants := map[string]want{
-		"analyzer": {sandbox.NetHost, true, []string{"/layers rw", "/cnb", "/etc/passwd", "/etc/resolv.conf"}, []string{"/workspace", "/platform", "/home/cnb", "/cache", "/opt/kpush/go"}},
-		"detector": {sandbox.NetNone, false, []string{"/workspace", "/platform", "/home/cnb rw", "/opt/kpush/go", "/layers rw"}, []string{"/cache"}},
-		"restorer": {sandbox.NetHost, true, []string{"/cache rw", "/layers rw"}, []string{"/workspace", "/platform", "/home/cnb"}},
-		"builder":  {sandbox.NetOutbound, false, []string{"/workspace rw", "/platform", "/home/cnb rw", "/opt/kpush/go"}, []string{"/cache"}},
-		"exporter": {sandbox.NetHost, true, []string{"/workspace", "/cache rw", "/layers rw"}, []string{"/platform", "/home/cnb"}},
+		"analyzer": {sandbox.NetHost, true, []string{"/layers rw", "/kpush rw", "/cnb", "/etc/passwd", "/etc/resolv.conf"}, []string{"/workspace", "/platform", "/home/cnb", "/cache", "/opt/kpush/go", "/kpush/analyzed.toml"}},
+		"detector": {sandbox.NetNone, false, []string{"/workspace", "/platform", "/home/cnb rw", "/opt/kpush/go", "/layers rw", "/kpush/analyzed.toml"}, []string{"/cache", "/kpush", "/kpush/analyzed.toml rw"}},
+		"restorer": {sandbox.NetHost, true, []string{"/cache rw", "/layers rw", "/kpush rw"}, []string{"/workspace", "/platform", "/home/cnb"}},
+		"builder":  {sandbox.NetOutbound, false, []string{"/workspace rw", "/platform", "/home/cnb rw", "/opt/kpush/go", "/kpush/analyzed.toml"}, []string{"/cache", "/kpush", "/kpush/analyzed.toml rw"}},
+		"exporter": {sandbox.NetHost, true, []string{"/workspace", "/cache rw", "/layers rw", "/kpush rw"}, []string{"/platform", "/home/cnb"}},
 	}
 	phs := phases("r:1/app:tag", "r:1/app@sha256:ab", []string{"r:1"})
 	if len(phs) != len(wants) {
@@ -344,7 +344,7 @@ func TestBuildSandboxPhases(t *testing.T) {
 	for name, wantArgs := range map[string][]string{
 		"analyzer": {"-previous-image=r:1/app@sha256:ab", "-insecure-registry=r:1", "-run=/cnb/run.toml"},
 		"restorer": {"-cache-dir=/cache", "-insecure-registry=r:1"},
-		"exporter": {"-cache-dir=/cache", "-report=/layers/report.toml", "-launcher=/cnb/lifecycle/launcher", "-insecure-registry=r:1"},
+		"exporter": {"-cache-dir=/cache", "-report=/kpush/report.toml", "-launcher=/cnb/lifecycle/launcher", "-insecure-registry=r:1"},
 	} {
 		for _, w := range wantArgs {
 			if !strings.Contains(args(name), w) {
@@ -365,26 +365,41 @@ func TestBuildSandboxPhases(t *testing.T) {
 }
 
 func TestReadReportDigest(t *testing.T) {
-	dir := t.TempDir()
 	good := "sha256:" + strings.Repeat("ab", 32)
+	outside := filepath.Join(t.TempDir(), "outside.toml")
+	os.WriteFile(outside, []byte("[image]\ndigest = \""+good+"\"\n"), 0o644)
 	tests := []struct {
-		report, want string
+		name   string
+		report string // "" with link: report.toml is a symlink to link
+		link   string
+		want   string
 	}{
-		{"[image]\ntags = [\"r/a:t\"]\ndigest = \"" + good + "\"\nmanifest-size = 1\n", good},
-		{"[image]\ndigest = \"sha256:short\"\n", ""},
-		{"[build]\n", ""},
-		{"not toml [", ""},
+		{name: "digest", report: "[image]\ntags = [\"r/a:t\"]\ndigest = \"" + good + "\"\nmanifest-size = 1\n", want: good},
+		{name: "short digest", report: "[image]\ndigest = \"sha256:short\"\n"},
+		{name: "no image", report: "[build]\n"},
+		{name: "not toml", report: "not toml ["},
+		{name: "too big", report: "[image]\ndigest = \"" + good + "\"\n#" + strings.Repeat("x", maxControlFile)},
+		// The exporter writes where a build left a symlink; kpush must not follow it.
+		{name: "symlink to a good report", link: outside},
+		{name: "symlink to /dev/zero", link: "/dev/zero"},
+		{name: "missing"},
 	}
-	for i, tt := range tests {
-		p := filepath.Join(dir, "r.toml")
-		os.WriteFile(p, []byte(tt.report), 0o644)
-		got, err := readReportDigest(p)
-		if got != tt.want || (tt.want == "") != (err != nil) {
-			t.Errorf("case %d: %q, %v; want %q", i, got, err, tt.want)
-		}
-	}
-	if _, err := readReportDigest(filepath.Join(dir, "missing")); err == nil {
-		t.Errorf("missing report accepted")
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			build := t.TempDir()
+			os.Mkdir(filepath.Join(build, "control"), 0o700)
+			p := filepath.Join(build, "control", "report.toml")
+			switch {
+			case tt.link != "":
+				os.Symlink(tt.link, p)
+			case tt.report != "":
+				os.WriteFile(p, []byte(tt.report), 0o644)
+			}
+			got, err := readReportDigest(build)
+			if got != tt.want || (tt.want == "") != (err != nil) {
+				t.Errorf("%q, %v; want %q", got, err, tt.want)
+			}
+		})
 	}
 }
 

@@ -3,7 +3,6 @@ package gitserver
 import (
 	"errors"
 	"fmt"
-	"net"
 
 	"github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
@@ -49,9 +48,8 @@ func (s *Server) identify(sess ssh.Session) bool {
 	u, err := s.access.UserByKey(key)
 	switch {
 	case errors.Is(err, access.ErrUnknownKey):
-		host, port := s.publicHostPort(sess.LocalAddr())
-		s.refuse(sess, fmt.Sprintf("key %s is not registered; ask an admin to run: ssh -p %s git@%s keys:add NAME --user USER < key.pub",
-			gossh.FingerprintSHA256(key), port, host))
+		s.refuse(sess, fmt.Sprintf("key %s is not registered; ask an admin to run: %s",
+			gossh.FingerprintSHA256(key), s.hint(sess.LocalAddr()).Command("keys:add NAME --user USER < key.pub")))
 		return false
 	case err != nil:
 		s.log.Error("looking up the user of a key", "remote_addr", sess.RemoteAddr().String(),
@@ -62,20 +60,6 @@ func (s *Server) identify(sess ssh.Session) bool {
 	}
 	ctx.SetValue(ctxKeyUser{}, u.Name)
 	return true
-}
-
-// publicHostPort is the address clients reach the server at: WithPublicAddr, else the local
-// address of the connection.
-func (s *Server) publicHostPort(local net.Addr) (host, port string) {
-	addr := s.publicAddr
-	if addr == "" && local != nil {
-		addr = local.String()
-	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr, "22"
-	}
-	return host, port
 }
 
 // authorize checks that the session's user holds need on app. When not, it tells the client

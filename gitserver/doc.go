@@ -14,7 +14,8 @@
 //	<dir>/hooks/pre-receive      core.hooksPath of every repository; execs the hook command;
 //	                             rewritten and verified on every start, file and directory
 //	                             0555 and owned by the server's uid (installHook)
-//	<dir>/state/access.json      users, keys and grants (package access; opened by the caller)
+//	<dir>/state/access.json      users, keys and grants (package access; opened by the caller;
+//	                             changed under an flock of access.json.lock)
 //
 // Every repository has receive.hideRefs=refs/kpush (HiddenRefPrefix): pushes cannot touch
 // refs under it, fetches get them. Every push is checked by git's fsck (receive.fsckObjects,

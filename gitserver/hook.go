@@ -20,6 +20,10 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+
+	"github.com/gofrs/flock"
+
+	"kpush.dev/kpush/internal/atomicfile"
 )
 
 // How the pre-receive hook finds its way back to the server: git receive-pack runs with these
@@ -88,11 +92,14 @@ func installHook(hooksDir string, argv []string, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("opening the hooks directory: %w", err)
 	}
-	defer d.Close() // and unlocks
+	defer d.Close()
 	// Several kpush processes may share the data dir and start together: one at a time here.
-	if err := syscall.Flock(int(d.Fd()), syscall.LOCK_EX); err != nil {
+	lock := flock.New(hooksDir, flock.SetFlag(os.O_RDONLY))
+	if err := lock.Lock(); err != nil {
 		return fmt.Errorf("locking the hooks directory: %w", err)
 	}
+	defer lock.Unlock() //nolint:errcheck // closing drops it anyway
+
 	if err := d.Chmod(0o700); err != nil { // writable while the hook is written, for a non-root server
 		return fmt.Errorf("installing the pre-receive hook: %w", err)
 	}
@@ -111,26 +118,7 @@ func installHook(hooksDir string, argv []string, log *slog.Logger) error {
 		}
 	}
 	script := hookScript(argv)
-	tmp := hookTmpPrefix + newID(8)
-	f, err := root.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o500)
-	if err != nil {
-		return fmt.Errorf("writing pre-receive hook: %w", err)
-	}
-	_, err = f.WriteString(script)
-	if err == nil {
-		err = f.Chmod(0o555)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = root.Rename(tmp, "pre-receive")
-	}
-	if err != nil {
-		root.Remove(tmp)
+	if err := atomicfile.WriteFileIn(root, "pre-receive", []byte(script), 0o555); err != nil {
 		return fmt.Errorf("writing pre-receive hook: %w", err)
 	}
 	if err := d.Chmod(0o555); err != nil {
@@ -154,8 +142,8 @@ func installHook(hooksDir string, argv []string, log *slog.Logger) error {
 	return nil
 }
 
-// hookTmpPrefix names installHook's temporary files.
-const hookTmpPrefix = ".pre-receive.tmp-"
+// hookTmpPrefix starts the names of installHook's temporary files.
+var hookTmpPrefix = atomicfile.TempPrefix("pre-receive")
 
 // checkHooksDir fails unless dir is a real directory (not a symbolic link) owned by uid and
 // writable by nobody else; perm, when not 0, is the exact permission bits it must have.

@@ -7,9 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	gossh "golang.org/x/crypto/ssh"
+
+	"kpush.dev/kpush/internal/atomicfile"
 )
 
 // HostKeyFile is the name of the server's host key inside the data directory.
@@ -44,27 +45,7 @@ func createHostKey(path string) ([]byte, error) {
 		return nil, err
 	}
 	data := pem.EncodeToMemory(block)
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".hostkey-*")
-	if err != nil {
-		return nil, err
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return nil, err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return nil, err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return nil, err
-	}
-	if err := tmp.Close(); err != nil {
-		return nil, err
-	}
-	if err := os.Link(tmp.Name(), path); errors.Is(err, os.ErrExist) {
+	if err := atomicfile.Create(path, data, 0o600); errors.Is(err, os.ErrExist) {
 		return os.ReadFile(path) // another server made one first: use that
 	} else if err != nil {
 		return nil, err

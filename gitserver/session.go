@@ -116,14 +116,14 @@ func (c crlfWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// sshHint is the ssh command people run to reach this server from the connection whose
-// local address is local: "ssh -p 2222 git@127.0.0.1" ("ssh git@HOST" on port 22).
-func (s *Server) sshHint(local net.Addr) string {
-	host, port := s.publicHostPort(local)
-	if port == "22" {
-		return "ssh git@" + host
+// hint is how people reach this server from the connection whose local address is local:
+// WithPublicAddr when set, else that address.
+func (s *Server) hint(local net.Addr) Hint {
+	var addr string
+	if local != nil {
+		addr = local.String()
 	}
-	return "ssh -p " + port + " git@" + host
+	return NewHint(s.publicAddr, addr)
 }
 
 // handleSession runs one SSH exec or shell request.
@@ -142,7 +142,7 @@ func (s *Server) handleSession(sess ssh.Session) {
 	raw := sess.RawCommand()
 	if raw == "" {
 		if s.commands != nil {
-			s.refuse(sess, "interactive shells are not supported; run: "+s.sshHint(sess.LocalAddr())+" help")
+			s.refuse(sess, "interactive shells are not supported; run: "+s.hint(sess.LocalAddr()).Command("help"))
 		} else {
 			s.refuse(sess, "interactive shells are not supported: this server only serves git (git push, git clone)")
 		}
@@ -174,8 +174,7 @@ func (s *Server) runCommand(ctx ssh.Context, sess ssh.Session, raw string) int {
 		log := s.log.With("user", userFrom(ctx), "remote_addr", ctx.RemoteAddr().String(), "command", word)
 		log.Info("command started")
 		start := time.Now()
-		host, port := s.publicHostPort(sess.LocalAddr())
-		code := s.commands.RunCommand(ctx, &Command{User: userFrom(ctx), Args: args, Addr: net.JoinHostPort(host, port),
+		code := s.commands.RunCommand(ctx, &Command{User: userFrom(ctx), Args: args, Addr: s.hint(sess.LocalAddr()).Addr(),
 			Stdin: sess, Stdout: forTerminal(sess, sess), Stderr: forTerminal(sess, sess.Stderr())})
 		log.Info("command finished", "exit_status", code, "duration", time.Since(start))
 		return code

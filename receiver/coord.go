@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"time"
 
 	"kpush.dev/kpush/deployer"
+	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/internal/ops"
 	"kpush.dev/kpush/receiver/lease"
 )
@@ -27,13 +27,8 @@ import (
 //   - A build that finishes when a newer image-changing release (push, rebuild, rollback)
 //     exists is not deployed (supersededError), so only the newest arrival deploys.
 //   - Every deploy is planned on the current release (Release.Base) and, when the Deployer
-//     can (DeployFrom), writes only the fields it changes, refusing when someone else changed
-//     one of them since.
-
-// baseDeployer is knative.BaseDeployer (see deployer.Deployer), found by type assertion.
-type baseDeployer interface {
-	DeployFrom(ctx context.Context, base, r deployer.Release, out io.Writer) (url string, err error)
-}
+//     can (deployer.BaseDeployer), writes only the fields it changes, refusing with
+//     deployer.ErrFieldConflict when someone else changed one of them since.
 
 // queuePoll is how often a queued push checks whether a newer one replaced it.
 const queuePoll = 100 * time.Millisecond
@@ -147,8 +142,9 @@ func (p *Pipeline) holderMessage(app string, h lease.Info) string {
 	return msg + fmt.Sprintf("; an admin can run: %s apps:unlock %s", p.sshHint(), app)
 }
 
-// sshHint is how people reach the server: "ssh -p 2222 git@127.0.0.1" (SSHHint of Addr).
-func (p *Pipeline) sshHint() string { return SSHHint(p.Addr) }
+// sshHint is how people reach the server: "ssh -p 2222 git@127.0.0.1" (the gitserver.Hint
+// of Addr).
+func (p *Pipeline) sshHint() string { return gitserver.NewHint(p.Addr, "").Command() }
 
 // holdBuild queues rel (stored, pending) for app's build lease and returns the lease once
 // held. It fails with a *supersededError when a newer push replaced rel in the queue or took
@@ -338,14 +334,14 @@ func (p *Pipeline) deployRelease(ctx context.Context, log *slog.Logger, app stri
 	return nil
 }
 
-// deployFrom deploys rel planned on cur. With a Deployer that takes a base (DeployFrom), the
-// base is cur; if one of rel's fields conflicts with it, the releases kpush tried to deploy
-// after cur and that failed (a Service written but never Ready) are tried as the base in turn,
-// newest first: their write is kpush's own, not someone else's. Each try writes nothing
-// unless its base matches.
+// deployFrom deploys rel planned on cur. With a Deployer that takes a base
+// (deployer.BaseDeployer), the base is cur; if one of rel's fields conflicts with it
+// (deployer.ErrFieldConflict), the releases kpush tried to deploy after cur and that failed (a
+// Service written but never Ready) are tried as the base in turn, newest first: their write
+// is kpush's own, not someone else's. Each try writes nothing unless its base matches.
 func (p *Pipeline) deployFrom(ctx context.Context, log *slog.Logger, app string, cur, rel *Release, out io.Writer) (string, error) {
 	r := deployer.Release{App: app, Image: rel.Image, Commit: rel.Commit, Pusher: rel.User, Env: cloneEnv(rel.Env), Version: rel.Version}
-	bd, ok := p.Deployer.(baseDeployer)
+	bd, ok := p.Deployer.(deployer.BaseDeployer)
 	if !ok {
 		return p.Deployer.Deploy(ctx, r, out)
 	}
@@ -360,7 +356,7 @@ func (p *Pipeline) deployFrom(ctx context.Context, log *slog.Logger, app string,
 	var first error
 	for i, base := range bases {
 		url, err := bd.DeployFrom(ctx, base, r, out)
-		if err == nil || !isFieldConflict(err) {
+		if err == nil || !errors.Is(err, deployer.ErrFieldConflict) {
 			return url, err
 		}
 		if i == 0 {
@@ -369,12 +365,6 @@ func (p *Pipeline) deployFrom(ctx context.Context, log *slog.Logger, app string,
 		log.Info("field conflict against the planned base; trying the next", "base", base.Version, "err", err)
 	}
 	return "", first
-}
-
-// isFieldConflict matches knative.ErrFieldConflict without importing the knative deployer.
-func isFieldConflict(err error) bool {
-	var fc interface{ Is(error) bool }
-	return errors.As(err, &fc) && strings.Contains(err.Error(), "was changed by someone else")
 }
 
 func asDeployed(app string, r *Release) deployer.Release {
@@ -466,63 +456,4 @@ func (p *Pipeline) watchBuild(app string, rel *Release, l *lease.Lease, pusher c
 			}
 		}
 	}
-}
-
-// CancelBuild asks the running build of app to stop (builds:cancel), wherever it runs: the
-// process holding the app's lease sees the request within a second. It returns the release
-// whose build it cancels.
-func (p *Pipeline) CancelBuild(ctx context.Context, app, user string) (*Release, error) {
-	if _, err := p.App(app); err != nil {
-		return nil, err
-	}
-	h, held, err := p.leases().Holder(ctx, app)
-	if err != nil {
-		return nil, p.internal(app, "reading the app's lease", err)
-	}
-	v, ok := parseLeaseNote(h.Note)
-	if !held || !ok {
-		return nil, userErrorf("no build of %s is running", app)
-	}
-	r, err := p.Store.Release(app, v)
-	if err != nil {
-		return nil, p.internal(app, "reading the running release", err)
-	}
-	if err := p.Store.RequestCancel(app, CancelRequest{Release: v, User: user, At: time.Now().UTC(), Via: "builds:cancel"}); err != nil {
-		return nil, p.internal(app, "recording the cancel request", err)
-	}
-	return r, nil
-}
-
-// LeaseInfo is who holds an app's build lease, for apps:unlock.
-type LeaseInfo = lease.Info
-
-// Unlock frees app's build lease whoever holds it (apps:unlock, run by user) and empties its
-// queue entry if the waiter's process is gone. It returns the lease as it was, whether it was
-// held, and the holder described for people (holderMessage). The holder, if alive, learns
-// at its next renewal and cancels its build, telling its pusher that user ran apps:unlock.
-func (p *Pipeline) Unlock(ctx context.Context, app, user string) (LeaseInfo, bool, string, error) {
-	if _, err := p.App(app); err != nil {
-		return LeaseInfo{}, false, "", err
-	}
-	h, held, err := p.leases().Holder(ctx, app)
-	if err != nil {
-		return h, false, "", p.internal(app, "reading the app's lease", err)
-	}
-	who := ""
-	if held {
-		who = p.describeHolder(app, h)
-		if v, ok := parseLeaseNote(h.Note); ok {
-			if err := p.Store.RequestCancel(app, CancelRequest{Release: v, User: user, At: time.Now().UTC(), Via: "apps:unlock"}); err != nil {
-				return h, held, who, p.internal(app, "recording the cancel request", err)
-			}
-		}
-	}
-	if err := p.leases().Break(ctx, app); err != nil {
-		return h, held, who, p.internal(app, "breaking the app's lease", err)
-	}
-	if q, err := p.Store.Queued(app); err == nil && q != nil && !p.Store.OwnerAlive(q.Owner) {
-		p.Store.Dequeue(app, q.Release)
-	}
-	p.logger().Warn("app unlocked", "app", app, "by", user, "holder", h.Holder, "note", h.Note, "was_held", held)
-	return h, held, who, nil
 }

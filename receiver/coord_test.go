@@ -265,3 +265,53 @@ func TestQueuedPushSupersededByNewerLeaseHolder(t *testing.T) {
 		t.Errorf("told to wait behind a push that supersedes it:\n%s", out.String())
 	}
 }
+
+// TestDeployFromTriesFailedBasesOnFieldConflict: when the Deployer refuses the planned base
+// with an error matching deployer.ErrFieldConflict (errors.Is, however wrapped), deployFrom
+// tries the failed release kpush itself deployed after it as the base; any other error, even
+// one with a field conflict's words, is returned at once.
+func TestDeployFromTriesFailedBasesOnFieldConflict(t *testing.T) {
+	img := func(c string) string { return "127.0.0.1:5000/kpush/demo@sha256:" + strings.Repeat(c, 64) }
+	for _, tc := range []struct {
+		name      string
+		conflict  error // DeployFrom's error for base v1
+		wantBases []int
+		wantErr   bool
+	}{
+		{"wrapped sentinel", fmt.Errorf("writing Knative Service default/demo: %w", deployer.ErrFieldConflict), []int{1, 2}, false},
+		{"same words, no sentinel", errors.New("image of Knative Service default/demo was changed by someone else"), []int{1}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			store, err := OpenStore(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := store.CreateApp(&App{Name: "demo"}); err != nil {
+				t.Fatal(err)
+			}
+			cur := &Release{Kind: KindPush, Image: img("a"), Status: StatusSucceeded, DeployAttempted: true}
+			failed := &Release{Kind: KindPush, Image: img("b"), Status: StatusFailed, DeployAttempted: true}
+			rel := &Release{Kind: KindPush, Image: img("c"), Status: StatusPending}
+			for _, r := range []*Release{cur, failed, rel} {
+				if _, err := store.NewRelease("demo", r); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var bases []int
+			p := &Pipeline{Store: store, Deployer: baseDeployerFunc(func(_ context.Context, base, r deployer.Release, _ io.Writer) (string, error) {
+				bases = append(bases, base.Version)
+				if base.Version == cur.Version {
+					return "", tc.conflict
+				}
+				return "http://demo.example.com", nil
+			})}
+			url, err := p.deployFrom(context.Background(), slog.New(slog.DiscardHandler), "demo", cur, rel, io.Discard)
+			if fmt.Sprint(bases) != fmt.Sprint(tc.wantBases) {
+				t.Errorf("bases tried = %v, want %v", bases, tc.wantBases)
+			}
+			if tc.wantErr && (err != tc.conflict || url != "") || !tc.wantErr && (err != nil || url != "http://demo.example.com") {
+				t.Errorf("deployFrom = %q, %v; want the error %t", url, err, tc.wantErr)
+			}
+		})
+	}
+}

@@ -26,12 +26,6 @@ import (
 // ([_], [io.buildpacks]) or the legacy 0.1 ([project], [build]).
 const ProjectFile = "project.toml"
 
-// buildpackLister is implemented by builders that can say which buildpacks they hold
-// (buildpack.Local), so that a project descriptor's group is checked before the build.
-type buildpackLister interface {
-	Buildpacks() ([]buildpack.GroupEntry, error)
-}
-
 // projectBuild is what a project descriptor changes about one build.
 type projectBuild struct {
 	Env   map[string]string // the build env: the descriptor's, overridden by the app's build-env
@@ -39,11 +33,11 @@ type projectBuild struct {
 }
 
 // project applies the project descriptor of the source tree src (see applyProject) with
-// the app's build env and the buildpacks p.Builder holds, if it can say (buildpackLister).
+// the app's build env and the buildpacks p.Builder holds, if it can say (BuildpackLister).
 // The error is for people.
 func (p *Pipeline) project(log *slog.Logger, src string, buildEnv map[string]string, out io.Writer) (projectBuild, error) {
 	var bps []buildpack.GroupEntry
-	lister, canList := p.Builder.(buildpackLister)
+	lister, canList := p.Builder.(BuildpackLister)
 	if canList {
 		var err error
 		if bps, err = lister.Buildpacks(); err != nil {

@@ -11,7 +11,6 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -30,11 +29,6 @@ import (
 	"kpush.dev/kpush/internal/ops"
 	"kpush.dev/kpush/receiver/lease"
 )
-
-// Builder builds a source tree into an image. buildpack.Local implements it.
-type Builder interface {
-	Build(ctx context.Context, req buildpack.Request, out io.Writer) (buildpack.Result, error)
-}
 
 // Repos is the git server's repository store; *gitserver.Server implements it.
 type Repos interface {
@@ -105,43 +99,9 @@ type Pipeline struct {
 }
 
 // RemoteURL is the git remote of app on the server people reach at addr (host:port):
-// "ssh://git@127.0.0.1:2222/demo"; HOST stands in for an unknown or unspecified host.
-func RemoteURL(addr, app string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil || port == "" {
-		return "ssh://git@HOST/" + app
-	}
-	host = knownHost(host)
-	if port == "22" {
-		if strings.Contains(host, ":") {
-			host = "[" + host + "]"
-		}
-		return "ssh://git@" + host + "/" + app
-	}
-	return "ssh://git@" + net.JoinHostPort(host, port) + "/" + app
-}
-
-// SSHHint is the ssh command line that reaches the server at addr (host:port):
-// "ssh -p 2222 git@127.0.0.1", "ssh git@example.com" on port 22, "ssh git@HOST" when unknown.
-func SSHHint(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "ssh git@HOST"
-	}
-	host = knownHost(host)
-	if port == "22" || port == "" {
-		return "ssh git@" + host
-	}
-	return "ssh -p " + port + " git@" + host
-}
-
-// knownHost is host, or "HOST" when it says nothing to people ("", 0.0.0.0, ::).
-func knownHost(host string) string {
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		return "HOST"
-	}
-	return host
-}
+// "ssh://git@127.0.0.1:2222/demo"; HOST stands in for an unknown or unspecified host
+// (gitserver.Hint).
+func RemoteURL(addr, app string) string { return gitserver.NewHint(addr, "").RemoteURL(app) }
 
 var _ gitserver.Handler = (*Pipeline)(nil)
 

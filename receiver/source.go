@@ -16,6 +16,7 @@ import (
 
 	"kpush.dev/kpush/gitserver"
 	intarchive "kpush.dev/kpush/internal/archive"
+	"kpush.dev/kpush/internal/atomicfile"
 )
 
 // deployBranch returns the full name of the branch HEAD points at in the bare repository
@@ -71,7 +72,7 @@ func archive(ctx context.Context, gitDir string, gitEnv []string, rev, dst strin
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting git archive: %w", err)
 	}
-	xerr := intarchive.Extract(ctx, stdout, dst, intarchive.Options{})
+	xerr := intarchive.Extract(ctx, stdout, dst, intarchive.Options{MaxBytes: intarchive.SourceMaxBytes})
 	io.Copy(io.Discard, stdout)
 	if err := cmd.Wait(); err != nil {
 		return fmt.Errorf("git archive %s: %w: %s", rev, err, strings.TrimSpace(stderr.String()))
@@ -142,22 +143,7 @@ func copyFile(from, to string) error {
 		return err
 	}
 	defer in.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(to), ".tmp-pack-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	_, err = io.Copy(tmp, in)
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Chmod(tmp.Name(), 0o444)
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), to)
-	}
-	return err
+	return atomicfile.Copy(to, in, 0o444)
 }
 
 // cleanGitEnv is this process's environment without the variables that would point git at

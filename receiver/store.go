@@ -12,9 +12,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/gofrs/flock"
+
+	"kpush.dev/kpush/internal/atomicfile"
 	"kpush.dev/kpush/receiver/lease"
 )
 
@@ -203,7 +205,7 @@ type Store struct {
 	dir    string // <data>/state/apps
 	owners string // <data>/state/owners
 	owner  string
-	ownerF *os.File
+	ownerL *flock.Flock // held while this Store is open; nil once closed
 }
 
 // OpenStore opens (creating) the app state under dataDir/state/apps as a new owner (see
@@ -217,15 +219,11 @@ func OpenStore(dataDir string) (*Store, error) {
 		}
 	}
 	s := &Store{dir: dir, owners: owners, owner: lease.ProcessIdentity()}
-	f, err := os.OpenFile(filepath.Join(owners, s.owner+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("creating owner lock: %w", err)
+	l := flock.New(filepath.Join(owners, s.owner+".lock"))
+	if err := l.Lock(); err != nil {
+		return nil, fmt.Errorf("locking owner lock %s: %w", l.Path(), err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("locking %s: %w", f.Name(), err)
-	}
-	s.ownerF = f
+	s.ownerL = l
 	apps, err := s.Apps()
 	if err != nil {
 		return nil, err
@@ -275,44 +273,42 @@ func (s *Store) Owner() string { return s.owner }
 // open. "" (records from before owners were kept) is not alive.
 func (s *Store) OwnerAlive(owner string) bool {
 	if owner == s.owner {
-		return s.ownerF != nil
+		return s.ownerL != nil
 	}
 	if owner == "" || strings.ContainsAny(owner, "/\\") {
 		return false
 	}
-	f, err := os.OpenFile(filepath.Join(s.owners, owner+".lock"), os.O_RDWR, 0)
+	l := flock.New(filepath.Join(s.owners, owner+".lock"), flock.SetFlag(os.O_RDONLY)) // not O_CREATE
+	ok, err := l.TryRLock()
 	if err != nil {
-		return false
+		return false // no lock file: its process is gone
 	}
-	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
-		return true // EWOULDBLOCK: its process holds it
+	if !ok {
+		return true // its process holds it
 	}
-	os.Remove(f.Name()) // gone for good: nobody will hold it again
+	defer l.Unlock()    //nolint:errcheck // closing drops it anyway
+	os.Remove(l.Path()) // gone for good: nobody will hold it again
 	return false
 }
 
 // Close gives up this Store's ownership, as a stopped process would.
 func (s *Store) Close() error {
-	if s.ownerF == nil {
+	if s.ownerL == nil {
 		return nil
 	}
-	err := s.ownerF.Close()
-	os.Remove(s.ownerF.Name())
-	s.ownerF = nil
+	os.Remove(s.ownerL.Path())
+	err := s.ownerL.Unlock()
+	s.ownerL = nil
 	return err
 }
 
 // lockApp runs f holding the exclusive flock of app's state (short read-modify-writes only).
 func (s *Store) lockApp(app string, f func() error) error {
-	lf, err := os.OpenFile(filepath.Join(s.dir, ".locks", app+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return fmt.Errorf("opening lock of app %s: %w", app, err)
-	}
-	defer lf.Close()
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
+	l := flock.New(filepath.Join(s.dir, ".locks", app+".lock"))
+	if err := l.Lock(); err != nil {
 		return fmt.Errorf("locking state of app %s: %w", app, err)
 	}
+	defer l.Unlock() //nolint:errcheck // closing drops it anyway
 	return f()
 }
 
@@ -327,35 +323,25 @@ const releasePoll = 50 * time.Millisecond
 // holder's note when the lock is busy.
 func (s *Store) LockRelease(ctx context.Context, app, note string, waiting func(holder string)) (unlock func(), err error) {
 	path := filepath.Join(s.dir, ".locks", app+".release")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("opening release lock of app %s: %w", app, err)
-	}
-	told := false
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			f.Close()
-			return nil, fmt.Errorf("locking release lock of app %s: %w", app, err)
-		}
-		if !told && waiting != nil {
-			told = true
+	l := flock.New(path)
+	ok, err := l.TryLock()
+	if err == nil && !ok {
+		if waiting != nil {
 			b, _ := os.ReadFile(path)
 			waiting(strings.TrimSpace(string(b)))
 		}
-		select {
-		case <-ctx.Done():
-			f.Close()
+		ok, err = l.TryLockContext(ctx, releasePoll)
+		if !ok && ctx.Err() != nil {
 			return nil, fmt.Errorf("waiting for the release lock of app %s: %w", app, context.Cause(ctx))
-		case <-time.After(releasePoll):
 		}
 	}
-	f.Truncate(0)
-	f.WriteAt([]byte(note+"\n"), 0)
-	return func() { f.Truncate(0); f.Close() }, nil
+	if err != nil {
+		return nil, fmt.Errorf("locking release lock of app %s: %w", app, err)
+	}
+	// The holder's note, for whoever waits next: written through the path (the lock's own
+	// descriptor is read-only), removed before the lock is given up.
+	os.WriteFile(path, []byte(note+"\n"), 0o600)
+	return func() { os.Truncate(path, 0); l.Unlock() }, nil
 }
 
 func (s *Store) appDir(app string) string { return filepath.Join(s.dir, app) }
@@ -659,29 +645,14 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
-// writeJSON writes v to path atomically: a temp file beside it (0600: env values may be
-// secrets), fsynced, renamed over path.
+// writeJSON writes v to path atomically (internal/atomicfile: fsynced, renamed over path),
+// mode 0600: env values may be secrets.
 func writeJSON(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path)+"-*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name())
-	_, err = tmp.Write(append(b, '\n'))
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
+	if err := atomicfile.WriteFile(path, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	return nil

@@ -43,16 +43,14 @@ type gitConfig struct {
 
 // flags registers the shared flags; defGrace is the default of --shutdown-grace.
 func (c *gitConfig) flags(fs *pflag.FlagSet, defData, defSSH string, defGrace time.Duration) {
-	fs.StringVar(&c.DataDir, "data", envOr("DATA", defData), "data dir: repositories, host key, build caches, state (env KPUSH_DATA)")
-	fs.StringVar(&c.SSHAddr, "ssh-addr", envOr("SSH_ADDR", defSSH), "address the SSH git server listens on (env KPUSH_SSH_ADDR)")
-	fs.StringVar(&c.PublicAddr, "public-addr", envOr("PUBLIC_ADDR", ""), "HOST:PORT people reach the SSH server at (e.g. a load balancer), used in messages such as \"key not registered\" (default: the listener's address; env KPUSH_PUBLIC_ADDR)")
-	fs.DurationVar(&c.Grace, "shutdown-grace", envDuration("SHUTDOWN_GRACE", defGrace), "on SIGTERM, how long running pushes and builds may finish before kpush exits anyway (env KPUSH_SHUTDOWN_GRACE)")
-	var keys []string
-	if v := os.Getenv("KPUSH_AUTHORIZED_KEYS"); v != "" {
-		keys = filepath.SplitList(v)
-	}
-	fs.StringArrayVar(&c.AuthorizedKeys, "authorized-keys", keys, "OpenSSH public keys file allowed to push; repeatable (env KPUSH_AUTHORIZED_KEYS, ':'-separated)")
-	fs.DurationVar(&c.LeaseTTL, "lease-ttl", envDuration("LEASE_TTL", lease.DefaultTTL), "how long an app's build lease outlives a server that stopped renewing it (crashed): the longest a dead server blocks pushes (env KPUSH_LEASE_TTL)")
+	fs.StringVar(&c.DataDir, "data", defData, "data dir: repositories, host key, build caches, state (env KPUSH_DATA)")
+	fs.StringVar(&c.SSHAddr, "ssh-addr", defSSH, "address the SSH git server listens on (env KPUSH_SSH_ADDR)")
+	fs.StringVar(&c.PublicAddr, "public-addr", "", "HOST:PORT people reach the SSH server at (e.g. a load balancer), used in messages such as \"key not registered\" (default: the listener's address; env KPUSH_PUBLIC_ADDR)")
+	fs.DurationVar(&c.Grace, "shutdown-grace", defGrace, "on SIGTERM, how long running pushes and builds may finish before kpush exits anyway (env KPUSH_SHUTDOWN_GRACE)")
+	fs.StringArrayVar(&c.AuthorizedKeys, "authorized-keys", nil, "OpenSSH public keys file allowed to push; repeatable (env KPUSH_AUTHORIZED_KEYS, ':'-separated)")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", lease.DefaultTTL, "how long an app's build lease outlives a server that stopped renewing it (crashed): the longest a dead server blocks pushes (env KPUSH_LEASE_TTL)")
+	bindEnv(fs, map[string]string{"data": "KPUSH_DATA", "ssh-addr": "KPUSH_SSH_ADDR", "public-addr": "KPUSH_PUBLIC_ADDR",
+		"shutdown-grace": "KPUSH_SHUTDOWN_GRACE", "authorized-keys": "KPUSH_AUTHORIZED_KEYS", "lease-ttl": "KPUSH_LEASE_TTL"})
 }
 
 // validate joins every problem, each saying how to fix it.
@@ -111,7 +109,9 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 	defer store.Close()
 	p.Store, p.Access = store, acc
 	p.RemoveLeftovers() // build dirs a killed kpush left in <data>/builds and <data>/tmp
-	cmds := &commands.Handler{Apps: p, Access: acc, SSH: sshHint(c.SSHAddr)}
+	// One hint for every message that says how to reach the server (gitserver.Hint).
+	hint := gitserver.NewHint(c.PublicAddr, c.SSHAddr)
+	cmds := &commands.Handler{Apps: p, Access: acc, SSH: hint.Command()}
 	opts := []gitserver.Option{
 		gitserver.WithDataDir(c.DataDir),
 		gitserver.WithAccess(acc),
@@ -131,10 +131,7 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 	}
 	p.Repos = srv
 	if p.Addr == "" { // for hints in messages: remote URLs, "ssh -p PORT git@HOST apps:unlock APP"
-		p.Addr = c.PublicAddr
-		if p.Addr == "" {
-			p.Addr = c.SSHAddr
-		}
+		p.Addr = hint.Addr()
 	}
 	l, err := net.Listen("tcp", c.SSHAddr)
 	if err != nil {
@@ -230,21 +227,6 @@ func checkAdmins(acc *access.Store, files []string) error {
 	}
 	return fmt.Errorf("no server admin has a usable SSH key, so nobody could push or manage kpush: %s\n"+
 		"fix: make a key with `ssh-keygen -t ed25519` and pass its .pub with --authorized-keys", why)
-}
-
-// sshHint is how people reach the server at addr, for messages: "ssh -p 2222 git@127.0.0.1".
-func sshHint(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return "ssh git@HOST"
-	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "HOST"
-	}
-	if port == "22" {
-		return "ssh git@" + host
-	}
-	return "ssh -p " + port + " git@" + host
 }
 
 func portOf(addr string) (int, error) {

@@ -37,7 +37,8 @@ func devCommand() *cobra.Command {
 		Long: `kpush dev runs the whole of kpush on one machine: the SSH git server, a local OCI
 registry (distribution), CNB builds under bubblewrap and a local runtime that stands in for
 Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
-		Args: cobra.NoArgs,
+		Args:    cobra.NoArgs,
+		PreRunE: envPreRun,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log, err := logc.logger(cmd.ErrOrStderr())
@@ -131,7 +132,8 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 	c.flags(cmd.Flags(), defaultDataDir(), "127.0.0.1:2222", 30*time.Second)
 	logc.flags(cmd.Flags(), "text")
 	opsAddr = opsFlags(cmd.Flags(), "127.0.0.1:0")
-	cmd.Flags().StringVar(&httpAddr, "http-addr", envOr("HTTP_ADDR", "127.0.0.1:8080"), "address of the router that serves apps as http://APP.localhost:PORT/ (env KPUSH_HTTP_ADDR)")
+	cmd.Flags().StringVar(&httpAddr, "http-addr", "127.0.0.1:8080", "address of the router that serves apps as http://APP.localhost:PORT/ (env KPUSH_HTTP_ADDR)")
+	bindEnv(cmd.Flags(), map[string]string{"http-addr": "KPUSH_HTTP_ADDR"})
 	cmd.Flags().StringArrayVar(&buildpacks, "buildpack", nil, "directory of an extra buildpack (buildpack.toml, bin/detect, bin/build), run as optional in front of every group of the default order; repeatable")
 	cmd.Flags().IntVar(&registryPort, "registry-port", 0, "port of the local registry on 127.0.0.1 (default: a free one, kept in the data dir)")
 	return cmd

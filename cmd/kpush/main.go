@@ -7,13 +7,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 func main() {
@@ -33,21 +35,49 @@ func main() {
 	}
 }
 
-// envOr returns $KPUSH_<name> when set, else def: flags default to the environment, so
-// defaults ← KPUSH_* env ← flags.
-func envOr(name, def string) string {
-	if v, ok := os.LookupEnv("KPUSH_" + name); ok {
-		return v
-	}
-	return def
-}
+// envAnnotation is the pflag annotation naming the environment variable a flag defaults to
+// (bindEnv).
+const envAnnotation = "kpush.dev/env"
 
-// envDuration is envOr for durations: $KPUSH_<name> when set and valid, else def.
-func envDuration(name string, def time.Duration) time.Duration {
-	if v, ok := os.LookupEnv("KPUSH_" + name); ok {
-		if d, err := time.ParseDuration(v); err == nil {
-			return d
+// bindEnv names, for each flag of fs in vars (flag name → variable), the environment variable
+// that supplies its default; applyEnv applies them.
+func bindEnv(fs *pflag.FlagSet, vars map[string]string) {
+	for name, v := range vars {
+		if err := fs.SetAnnotation(name, envAnnotation, []string{v}); err != nil {
+			panic(err) // no such flag: a mistake in this package
 		}
 	}
-	return def
 }
+
+// applyEnv sets each flag of fs that has an environment variable (bindEnv) from it, when
+// the variable is set and the flag was not given: defaults ← KPUSH_* env ← flags. The value
+// goes through the flag's own parser, so a value the flag would refuse fails start-up too,
+// naming the variable: KPUSH_LEASE_TTL="10": time: missing unit in duration "10"; …. A list
+// flag takes a ':'-separated list (filepath.SplitList).
+func applyEnv(fs *pflag.FlagSet, lookup func(string) (string, bool)) error {
+	var errs []error
+	fs.VisitAll(func(f *pflag.Flag) {
+		vars := f.Annotations[envAnnotation]
+		if len(vars) == 0 || f.Changed {
+			return
+		}
+		v, ok := lookup(vars[0])
+		if !ok {
+			return
+		}
+		var err error
+		if list, isList := f.Value.(pflag.SliceValue); isList {
+			err = list.Replace(filepath.SplitList(v))
+		} else {
+			err = f.Value.Set(v)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w; it sets --%s: want a %s, e.g. %s", vars[0], v, err, f.Name, f.Value.Type(), f.DefValue))
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// envPreRun is the PreRunE of commands with environment defaults: it applies them
+// (applyEnv) once the command line is parsed.
+func envPreRun(cmd *cobra.Command, _ []string) error { return applyEnv(cmd.Flags(), os.LookupEnv) }

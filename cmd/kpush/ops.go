@@ -16,14 +16,16 @@ import (
 )
 
 // opsFlags registers --ops-addr, the address of the operations endpoints (/healthz, /readyz,
-// /metrics), defaulting to $KPUSH_OPS_ADDR, else def. Empty turns them off.
+// /metrics), defaulting to def, or $KPUSH_OPS_ADDR (applyEnv). Empty turns them off.
 //
 // serve uses ":8081": the kubelet probes and Prometheus scrapes the pod IP. dev uses
 // "127.0.0.1:0": a free loopback port, logged at start, so a second `kpush dev` or another
 // program on 8081 never stops dev from starting; pass --ops-addr 127.0.0.1:8081 to fix it.
 func opsFlags(fs *pflag.FlagSet, def string) *string {
-	return fs.String("ops-addr", envOr("OPS_ADDR", def),
+	addr := fs.String("ops-addr", def,
 		"address of the operations endpoints /healthz, /readyz and /metrics; empty turns them off (env KPUSH_OPS_ADDR)")
+	bindEnv(fs, map[string]string{"ops-addr": "KPUSH_OPS_ADDR"})
+	return addr
 }
 
 // logConfig is how kpush logs: --log-format json|text, --log-level debug|info|warn|error.
@@ -33,8 +35,9 @@ type logConfig struct {
 }
 
 func (c *logConfig) flags(fs *pflag.FlagSet, defFormat string) {
-	fs.StringVar(&c.Format, "log-format", envOr("LOG_FORMAT", defFormat), "log format: json or text (env KPUSH_LOG_FORMAT)")
-	fs.StringVar(&c.Level, "log-level", envOr("LOG_LEVEL", "info"), "least severe level logged: debug, info, warn or error (env KPUSH_LOG_LEVEL)")
+	fs.StringVar(&c.Format, "log-format", defFormat, "log format: json or text (env KPUSH_LOG_FORMAT)")
+	fs.StringVar(&c.Level, "log-level", "info", "least severe level logged: debug, info, warn or error (env KPUSH_LOG_LEVEL)")
+	bindEnv(fs, map[string]string{"log-format": "KPUSH_LOG_FORMAT", "log-level": "KPUSH_LOG_LEVEL"})
 }
 
 // logger returns the logger c describes, writing to w.

@@ -43,9 +43,10 @@ func serveCommand() *cobra.Command {
 		opsAddr      *string
 	)
 	cmd := &cobra.Command{
-		Use:   "serve",
-		Short: "Run kpush against a Kubernetes cluster with Knative Serving",
-		Args:  cobra.NoArgs,
+		Use:     "serve",
+		Short:   "Run kpush against a Kubernetes cluster with Knative Serving",
+		Args:    cobra.NoArgs,
+		PreRunE: envPreRun,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			log, err := logc.logger(os.Stderr)
@@ -133,12 +134,14 @@ func serveCommand() *cobra.Command {
 	b.flags(fs)
 	logc.flags(fs, "json")
 	opsAddr = opsFlags(fs, ":8081")
-	fs.StringVar(&kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (default: in-cluster config; env KUBECONFIG)")
-	fs.StringVar(&namespace, "namespace", envOr("NAMESPACE", "default"), "namespace of the Knative Services (env KPUSH_NAMESPACE)")
-	fs.StringVar(&registry, "registry", envOr("REGISTRY", ""), "repository prefix for app images: REGISTRY/APP; required (env KPUSH_REGISTRY)")
-	fs.StringVar(&runImage, "run-image", envOr("RUN_IMAGE", ""), "CNB run image by digest (default: local builds generate kpush's own into the registry, build Pods use the builder's; env KPUSH_RUN_IMAGE)")
+	fs.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default: in-cluster config; env KUBECONFIG)")
+	fs.StringVar(&namespace, "namespace", "default", "namespace of the Knative Services (env KPUSH_NAMESPACE)")
+	fs.StringVar(&registry, "registry", "", "repository prefix for app images: REGISTRY/APP; required (env KPUSH_REGISTRY)")
+	fs.StringVar(&runImage, "run-image", "", "CNB run image by digest (default: local builds generate kpush's own into the registry, build Pods use the builder's; env KPUSH_RUN_IMAGE)")
 	fs.StringArrayVar(&buildpacks, "buildpack", nil, "directory of an extra buildpack (buildpack.toml, bin/detect, bin/build), run as optional in front of every group of the default order; repeatable; --builder local only")
-	fs.DurationVar(&readyTimeout, "ready-timeout", envDuration("READY_TIMEOUT", 5*time.Minute), "how long a deploy waits for the Service to become Ready (env KPUSH_READY_TIMEOUT)")
+	fs.DurationVar(&readyTimeout, "ready-timeout", 5*time.Minute, "how long a deploy waits for the Service to become Ready (env KPUSH_READY_TIMEOUT)")
+	bindEnv(fs, map[string]string{"kubeconfig": "KUBECONFIG", "namespace": "KPUSH_NAMESPACE", "registry": "KPUSH_REGISTRY",
+		"run-image": "KPUSH_RUN_IMAGE", "ready-timeout": "KPUSH_READY_TIMEOUT"})
 	return cmd
 }
 
@@ -162,15 +165,18 @@ type buildConfig struct {
 }
 
 func (b *buildConfig) flags(fs *pflag.FlagSet) {
-	fs.StringVar(&b.Builder, "builder", envOr("BUILDER", ""), "where builds run: kube (a build Pod per build) or local (the lifecycle inside kpush's container, under bubblewrap); default kube in a cluster (no --kubeconfig), else local (env KPUSH_BUILDER)")
-	fs.StringVar(&b.BuilderImage, "builder-image", envOr("BUILDER_IMAGE", ""), "CNB builder image of build Pods (default "+buildpack.DefaultBuilderImage+"; env KPUSH_BUILDER_IMAGE)")
-	fs.StringVar(&b.KpushImage, "kpush-image", envOr("IMAGE", ""), "kpush's own image, whose 'kpush source fetch' build Pods run to fetch the source; required with --builder kube (env KPUSH_IMAGE)")
-	fs.StringVar(&b.Namespace, "build-namespace", envOr("BUILD_NAMESPACE", ""), "namespace of build Pods (default: --namespace; env KPUSH_BUILD_NAMESPACE)")
-	fs.StringVar(&b.RegistrySecret, "registry-secret", envOr("REGISTRY_SECRET", ""), "kubernetes.io/dockerconfigjson Secret in the build namespace with push access to --registry, mounted into the phases that need it (default: anonymous; env KPUSH_REGISTRY_SECRET)")
-	fs.StringVar(&b.Resources, "builder-resources", envOr("BUILDER_RESOURCES", ""), `resources of each build Pod container as JSON, e.g. {"requests":{"cpu":"1","memory":"2Gi"},"limits":{"memory":"4Gi"}} (env KPUSH_BUILDER_RESOURCES)`)
-	fs.StringVar(&b.User, "builder-user", envOr("BUILDER_USER", ""), "UID:GID the builder image's CNB user has (default 1001:1000 for the default builder image, else 1000:1000; env KPUSH_BUILDER_USER)")
-	fs.StringVar(&b.SourceAddr, "source-addr", envOr("SOURCE_ADDR", ":8082"), "address build Pods fetch sources from (single-use tokens); --builder kube only (env KPUSH_SOURCE_ADDR)")
-	fs.StringVar(&b.SourceURL, "source-url", envOr("SOURCE_URL", ""), "URL build Pods reach --source-addr at, e.g. http://kpush.NAMESPACE.svc:8082/source; required with --builder kube (env KPUSH_SOURCE_URL)")
+	fs.StringVar(&b.Builder, "builder", "", "where builds run: kube (a build Pod per build) or local (the lifecycle inside kpush's container, under bubblewrap); default kube in a cluster (no --kubeconfig), else local (env KPUSH_BUILDER)")
+	fs.StringVar(&b.BuilderImage, "builder-image", "", "CNB builder image of build Pods (default "+buildpack.DefaultBuilderImage+"; env KPUSH_BUILDER_IMAGE)")
+	fs.StringVar(&b.KpushImage, "kpush-image", "", "kpush's own image, whose 'kpush source fetch' build Pods run to fetch the source; required with --builder kube (env KPUSH_IMAGE)")
+	fs.StringVar(&b.Namespace, "build-namespace", "", "namespace of build Pods (default: --namespace; env KPUSH_BUILD_NAMESPACE)")
+	fs.StringVar(&b.RegistrySecret, "registry-secret", "", "kubernetes.io/dockerconfigjson Secret in the build namespace with push access to --registry, mounted into the phases that need it (default: anonymous; env KPUSH_REGISTRY_SECRET)")
+	fs.StringVar(&b.Resources, "builder-resources", "", `resources of each build Pod container as JSON, e.g. {"requests":{"cpu":"1","memory":"2Gi"},"limits":{"memory":"4Gi"}} (env KPUSH_BUILDER_RESOURCES)`)
+	fs.StringVar(&b.User, "builder-user", "", "UID:GID the builder image's CNB user has (default 1001:1000 for the default builder image, else 1000:1000; env KPUSH_BUILDER_USER)")
+	fs.StringVar(&b.SourceAddr, "source-addr", ":8082", "address build Pods fetch sources from (single-use tokens); --builder kube only (env KPUSH_SOURCE_ADDR)")
+	fs.StringVar(&b.SourceURL, "source-url", "", "URL build Pods reach --source-addr at, e.g. http://kpush.NAMESPACE.svc:8082/source; required with --builder kube (env KPUSH_SOURCE_URL)")
+	bindEnv(fs, map[string]string{"builder": "KPUSH_BUILDER", "builder-image": "KPUSH_BUILDER_IMAGE", "kpush-image": "KPUSH_IMAGE",
+		"build-namespace": "KPUSH_BUILD_NAMESPACE", "registry-secret": "KPUSH_REGISTRY_SECRET", "builder-resources": "KPUSH_BUILDER_RESOURCES",
+		"builder-user": "KPUSH_BUILDER_USER", "source-addr": "KPUSH_SOURCE_ADDR", "source-url": "KPUSH_SOURCE_URL"})
 }
 
 // kind is the builder to use: b.Builder, else kube in a cluster (no kubeconfig), else local.

@@ -5,7 +5,7 @@
 // each operation changes only the fields it owns, so a conflict with another writer is
 // resolved by re-reading and re-applying those fields, never by overwriting theirs. Deploy,
 // DeployFrom and ApplyPlan (plan.go) also remember the value each owned field was planned on
-// and fail with ErrFieldConflict when another writer changed that same field meanwhile.
+// and fail with deployer.ErrFieldConflict when another writer changed that same field meanwhile.
 package knative
 
 import (
@@ -124,12 +124,12 @@ func New(cs servingclientset.Interface, namespace string, opts ...Option) *Deplo
 // Errors (wrapped, see errors.Is): ErrInvalidRelease (name not DNS-1035, image not by digest,
 // reserved env name), ErrNotManaged (a Service of that name exists without label
 // app.kubernetes.io/managed-by=kpush), ErrConflict, ErrNotReady (Ready=False: reason and
-// message), ErrReadyTimeout, ErrFieldConflict, or the API error. On error the previous
+// message), ErrReadyTimeout, deployer.ErrFieldConflict, or the API error. On error the previous
 // revision keeps serving.
 //
 // Deploy plans on the Service as it first reads it (PlanRelease from that state to r): if a
 // write conflicts (409), it re-reads and re-applies only the image and the environment
-// variables it changes, and fails with ErrFieldConflict if another writer changed one of
+// variables it changes, and fails with deployer.ErrFieldConflict if another writer changed one of
 // those in between. DeployFrom takes the base from the caller instead.
 func (d *Deployer) Deploy(ctx context.Context, r deployer.Release, out io.Writer) (string, error) {
 	return d.deploy(ctx, nil, r, out) // plan.go: based on the Service as first read

@@ -2,7 +2,6 @@ package knative
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -15,11 +14,6 @@ import (
 
 	"kpush.dev/kpush/deployer"
 )
-
-// ErrFieldConflict is returned (wrapped in a *FieldConflictError) when a field an operation
-// owns was changed by someone else after the operation read it as its base. kpush then
-// writes nothing: the operation has to be planned again on the new value.
-var ErrFieldConflict = errors.New("field changed by another writer")
 
 // Edit is one owned field: the value the operation was planned on (From, its base) and the
 // value it writes (To).
@@ -34,7 +28,7 @@ type Edit[T any] struct {
 //   - current value equal to To: nothing to do for that field;
 //   - current value equal to From: set To;
 //   - anything else: another writer changed that same field since the base, and ApplyPlan
-//     fails with a *FieldConflictError (ErrFieldConflict) without writing.
+//     fails with a *FieldConflictError (deployer.ErrFieldConflict) without writing.
 //
 // Fields are spec.template.spec.containers[0].image (Image),
 // spec.template.spec.containers[0].env (Env: owned per variable, only the variables whose
@@ -50,7 +44,8 @@ type Plan struct {
 }
 
 // FieldConflictError says which owned field another writer changed since the operation's
-// base, and to what. It matches ErrFieldConflict with errors.Is.
+// base, and to what. It wraps deployer.ErrFieldConflict, so callers that do not import this
+// package (the receiver) recognise it with errors.Is.
 type FieldConflictError struct {
 	Namespace, Service string
 	// Field is "image", "env <NAME>" or "traffic".
@@ -67,24 +62,17 @@ func (e *FieldConflictError) Error() string {
 		e.Field, e.Namespace, e.Service, e.Planned, e.Now, e.Want, e.Service, e.Namespace, e.Retry)
 }
 
-// Is makes errors.Is(err, ErrFieldConflict) true.
-func (e *FieldConflictError) Is(target error) bool { return target == ErrFieldConflict }
+// Unwrap returns deployer.ErrFieldConflict: errors.Is(err, deployer.ErrFieldConflict) is true.
+func (e *FieldConflictError) Unwrap() error { return deployer.ErrFieldConflict }
 
-// BaseDeployer is implemented by *Deployer. Callers holding a deployer.Deployer find it by
-// type assertion (see deployer.Deployer); the receiver uses it so that a push and a config
-// change that overlap cannot overwrite each other's fields.
-type BaseDeployer interface {
-	DeployFrom(ctx context.Context, base, r deployer.Release, out io.Writer) (url string, err error)
-}
-
-var _ BaseDeployer = (*Deployer)(nil)
+var _ deployer.BaseDeployer = (*Deployer)(nil)
 
 // DeployFrom is Deploy with an explicit base: base is the release the operation was planned
 // on (what the caller believed to be serving when it decided on r; the zero Release when it
 // believed nothing was deployed yet). It owns only what differs between base and r (see
 // PlanRelease): a push owns the image, a config change owns the variables it sets or unsets,
 // so the two can run concurrently and both land. If another writer changed an owned field
-// since base, it fails with a *FieldConflictError (ErrFieldConflict) and writes nothing.
+// since base, it fails with a *FieldConflictError (deployer.ErrFieldConflict) and writes nothing.
 // Other errors as for Deploy.
 func (d *Deployer) DeployFrom(ctx context.Context, base, r deployer.Release, out io.Writer) (string, error) {
 	return d.deploy(ctx, &base, r, out)

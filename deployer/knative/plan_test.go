@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -154,7 +155,7 @@ func TestDeployFromFieldScoped(t *testing.T) {
 				}
 			} else {
 				var fc *knative.FieldConflictError
-				if !errors.Is(err, knative.ErrFieldConflict) || !errors.As(err, &fc) || fc.Field != tc.wantConflict {
+				if !errors.Is(err, deployer.ErrFieldConflict) || !errors.As(err, &fc) || fc.Field != tc.wantConflict {
 					t.Fatalf("DeployFrom = %v, want a FieldConflictError on %q", err, tc.wantConflict)
 				}
 				for _, want := range []string{tc.wantConflict, "planned on", "it is now", "kpush did not overwrite it"} {
@@ -193,7 +194,7 @@ func TestDeployFromStaleBase(t *testing.T) {
 	}
 	gen := f.get(t, "demo").Generation
 	_, err := d.DeployFrom(f.ctx, v1, release(digestB, commitB), &bytes.Buffer{})
-	if !errors.Is(err, knative.ErrFieldConflict) || !strings.Contains(err.Error(), digestC) || !strings.Contains(err.Error(), "git push") {
+	if !errors.Is(err, deployer.ErrFieldConflict) || !strings.Contains(err.Error(), digestC) || !strings.Contains(err.Error(), "git push") {
 		t.Fatalf("DeployFrom on a stale base = %v, want ErrFieldConflict naming %s and the retry command", err, digestC)
 	}
 	if got := f.get(t, "demo"); got.Generation != gen || got.Spec.Template.Spec.Containers[0].Image != digestC {
@@ -217,7 +218,7 @@ func TestDeployNoBlindRetry(t *testing.T) {
 	}}
 	d := knative.New(cs, f.ns, knative.WithPollInterval(200*time.Millisecond))
 	_, err := d.Deploy(f.ctx, release(digestB, commitB), &bytes.Buffer{})
-	if !errors.Is(err, knative.ErrFieldConflict) {
+	if !errors.Is(err, deployer.ErrFieldConflict) {
 		t.Fatalf("Deploy = %v, want ErrFieldConflict", err)
 	}
 	if img := f.get(t, "demo").Spec.Template.Spec.Containers[0].Image; img != digestC {
@@ -255,7 +256,7 @@ func TestApplyPlanTraffic(t *testing.T) {
 			_, _, err := d.ApplyPlan(f.ctx, "demo", knative.Plan{Traffic: &knative.Edit[[]servingv1.TrafficTarget]{To: split}})
 			got := f.get(t, "demo")
 			if tc.wantConflict {
-				if !errors.Is(err, knative.ErrFieldConflict) || !strings.Contains(err.Error(), "traffic") {
+				if !errors.Is(err, deployer.ErrFieldConflict) || !strings.Contains(err.Error(), "traffic") {
 					t.Fatalf("ApplyPlan = %v, want ErrFieldConflict on traffic", err)
 				}
 				if len(got.Spec.Traffic) != 1 || got.Spec.Traffic[0].RevisionName != "demo-00001" {
@@ -298,5 +299,35 @@ func TestPlanRelease(t *testing.T) {
 				t.Errorf("annotations %v lack app", p.Annotations)
 			}
 		})
+	}
+}
+
+// TestFieldConflictMatchesDeployerSentinel: a FieldConflictError, however deep it is wrapped,
+// matches deployer.ErrFieldConflict (what the receiver checks, without importing this
+// package) and keeps its message for people; the deployer's other errors, and an error that
+// only says the same words, do not match.
+func TestFieldConflictMatchesDeployerSentinel(t *testing.T) {
+	fc := &knative.FieldConflictError{Namespace: "ns", Service: "demo", Field: "image",
+		Planned: digestA, Now: digestC, Want: digestB, Retry: "git push again"}
+	wrapped := fmt.Errorf("deploying v2 of demo: %w", fmt.Errorf("writing Knative Service ns/demo: %w", fc))
+	if !errors.Is(wrapped, deployer.ErrFieldConflict) {
+		t.Errorf("errors.Is(%q, deployer.ErrFieldConflict) = false", wrapped)
+	}
+	if got, ok := errors.AsType[*knative.FieldConflictError](wrapped); !ok || got != fc {
+		t.Errorf("errors.As found %v, want the FieldConflictError", got)
+	}
+	want := "image of Knative Service ns/demo was changed by someone else while this operation ran: it was planned on " + digestA +
+		", it is now " + digestC + " (this operation would set " + digestB + "); kpush did not overwrite it. " +
+		"Check the change (`kubectl get ksvc demo -n ns -o yaml`), then git push again"
+	if fc.Error() != want {
+		t.Errorf("message = %q\nwant      %q", fc.Error(), want)
+	}
+	for _, err := range []error{
+		knative.ErrConflict, knative.ErrNotReady, knative.ErrNotManaged, knative.ErrInvalidRelease,
+		errors.New("image of Knative Service ns/demo was changed by someone else"),
+	} {
+		if errors.Is(err, deployer.ErrFieldConflict) {
+			t.Errorf("errors.Is(%q, deployer.ErrFieldConflict) = true, want false", err)
+		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"kpush.dev/kpush/internal/archive"
+	"kpush.dev/kpush/internal/atomicfile"
 	"kpush.dev/kpush/internal/sandbox"
 )
 
@@ -101,7 +102,7 @@ func pull(ctx context.Context, ref, appDir string, kc authn.Keychain, ids sandbo
 			return nil, fmt.Errorf("extracting image %s: %w", ref, err)
 		}
 	}
-	if err := writeFileAtomic(cfgPath, raw, 0o644); err != nil {
+	if err := atomicfile.WriteFile(cfgPath, raw, 0o644); err != nil {
 		return nil, fmt.Errorf("saving config of image %s: %w", ref, err)
 	}
 	return &pulled{digest: h, config: cf.Config, rootfs: rootfs}, nil
@@ -122,7 +123,7 @@ func extractTar(ctx context.Context, r io.Reader, dir string, ids sandbox.IDRang
 		}
 		return int(ids.Host(uint32(uid))), int(ids.Host(uint32(gid)))
 	}
-	return archive.Extract(ctx, r, dir, archive.Options{KeepModes: true, Owner: owner, AbsoluteNames: true})
+	return archive.Extract(ctx, r, dir, archive.Options{KeepModes: true, Owner: owner, AbsoluteNames: true, MaxBytes: archive.ImageMaxBytes})
 }
 
 // cleanTarPath turns a tar entry name into a clean relative path ("." for the root), or
@@ -137,27 +138,6 @@ func cleanTarPath(n string) (string, bool) {
 		c = "."
 	}
 	return c, true
-}
-
-// writeFileAtomic writes data to a temporary file beside path and renames it into place.
-func writeFileAtomic(p string, data []byte, perm fs.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(p), "."+filepath.Base(p)+".tmp-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(f.Name(), p)
 }
 
 // ensureMountPoints creates the directories the sandbox mounts over (/proc, /dev, /tmp) and the

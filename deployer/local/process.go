@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"kpush.dev/kpush/internal/sandbox"
+	"kpush.dev/kpush/internal/term"
 )
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -133,7 +134,10 @@ func startProc(ctx context.Context, s spawnSpec) (*proc, error) {
 		Mounts:   mounts,
 		HostIDs:  s.ids, UID: id.uid, GID: id.gid,
 		Network: sandbox.NetOutbound,
-		Stdout:  outW, Stderr: outW,
+		// Its own session: no controlling terminal (kpush's, under `make dev`) to read from,
+		// write to or take the foreground of.
+		NewSession: true,
+		Stdout:     outW, Stderr: outW,
 	})
 	outW.Close()
 	if err != nil {
@@ -272,7 +276,7 @@ func (t *tailBuffer) add(line string) {
 	if len(line) > 500 {
 		line = line[:500] + "…"
 	}
-	t.lines = append(t.lines, line)
+	t.lines = append(t.lines, term.Sanitize(line)) // it reaches the pusher's terminal
 	if len(t.lines) > t.n {
 		t.lines = t.lines[len(t.lines)-t.n:]
 	}

@@ -20,9 +20,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gofrs/flock"
 	"github.com/google/go-containerregistry/pkg/authn"
 	"golang.org/x/crypto/bcrypt"
 
+	"kpush.dev/kpush/internal/atomicfile"
 	"kpush.dev/kpush/internal/tools"
 )
 
@@ -53,7 +55,7 @@ type Registry struct {
 	addr       string
 	user, pass string
 	cmd        *exec.Cmd
-	lock       *os.File
+	lock       *flock.Flock
 	log        *slog.Logger
 
 	done    chan struct{} // closed when the process exited
@@ -93,18 +95,16 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
 		return nil, fmt.Errorf("creating registry directory: %w", err)
 	}
 
-	lock, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("opening registry lock: %w", err)
-	}
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		lock.Close()
-		return nil, fmt.Errorf("registry data dir %s is in use by another kpush (stop it first): %w", dir, err)
+	lock := flock.New(filepath.Join(dir, "lock"), flock.SetPermissions(0o644))
+	if locked, err := lock.TryLock(); err != nil {
+		return nil, fmt.Errorf("locking registry data dir %s: %w", dir, err)
+	} else if !locked {
+		return nil, fmt.Errorf("registry data dir %s is in use by another kpush (stop it first)", dir)
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			lock.Close()
+			lock.Unlock()
 		}
 	}()
 
@@ -123,12 +123,17 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
 	}
 	conf := registryConfigYAML(filepath.Join(dir, "data"), addr, randomHex(16), htpasswd)
 	confPath := filepath.Join(dir, "config.yml")
-	if err := writeFileAtomic(confPath, []byte(conf), 0o600); err != nil {
+	if err := atomicfile.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return nil, fmt.Errorf("writing registry config: %w", err)
 	}
 	logPath := filepath.Join(dir, "registry.log")
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
+	// 0600: it lists every app's image digests, which pull those images.
+	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
+		return nil, fmt.Errorf("opening registry log: %w", err)
+	}
+	if err := logf.Chmod(0o600); err != nil { // one made before
+		logf.Close()
 		return nil, fmt.Errorf("opening registry log: %w", err)
 	}
 	logStart, _ := logf.Seek(0, 2)
@@ -181,7 +186,7 @@ func registryPort(dir string, want int) (int, error) {
 		if want > 65535 {
 			return 0, fmt.Errorf("registry port %d out of range", want)
 		}
-		return want, writeFileAtomic(pf, []byte(strconv.Itoa(want)+"\n"), 0o644)
+		return want, atomicfile.WriteFile(pf, []byte(strconv.Itoa(want)+"\n"), 0o644)
 	}
 	if b, err := os.ReadFile(pf); err == nil {
 		p, err := strconv.Atoi(strings.TrimSpace(string(b)))
@@ -194,7 +199,7 @@ func registryPort(dir string, want int) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("finding a free port for the registry: %w", err)
 	}
-	if err := writeFileAtomic(pf, []byte(strconv.Itoa(p)+"\n"), 0o644); err != nil {
+	if err := atomicfile.WriteFile(pf, []byte(strconv.Itoa(p)+"\n"), 0o644); err != nil {
 		return 0, fmt.Errorf("saving registry port: %w", err)
 	}
 	return p, nil
@@ -231,7 +236,7 @@ func registryLogin(dir string, log *slog.Logger) (user, pass string, err error) 
 	}
 	l := registryLoginJSON{Username: "kpush-" + randomHex(4), Password: randomHex(32)}
 	b, _ = json.Marshal(l) // two strings always marshal
-	if err := writeFileAtomic(p, append(b, '\n'), 0o600); err != nil {
+	if err := atomicfile.WriteFile(p, append(b, '\n'), 0o600); err != nil {
 		return "", "", fmt.Errorf("saving registry credentials: %w", err)
 	}
 	return l.Username, l.Password, nil
@@ -251,7 +256,7 @@ func writeHtpasswd(p, user, pass string) error {
 	if err != nil {
 		return fmt.Errorf("hashing the registry password: %w", err)
 	}
-	if err := writeFileAtomic(p, []byte(user+":"+string(h)+"\n"), 0o600); err != nil {
+	if err := atomicfile.WriteFile(p, []byte(user+":"+string(h)+"\n"), 0o600); err != nil {
 		return fmt.Errorf("writing registry htpasswd: %w", err)
 	}
 	return nil
@@ -362,7 +367,7 @@ func (r *Registry) Close() error {
 			_ = r.cmd.Process.Kill()
 			<-r.done
 		}
-		r.lock.Close()
+		r.lock.Unlock()
 		r.log.Info("registry stopped", "pid", r.cmd.Process.Pid)
 	})
 	return err

@@ -20,12 +20,14 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 
 	"kpush.dev/kpush/deployer"
+	"kpush.dev/kpush/internal/atomicfile"
 	"kpush.dev/kpush/internal/sandbox"
 )
 
@@ -140,7 +142,7 @@ func New(cfg Config) (*Runtime, error) {
 		"resolv.conf": "nameserver " + sandbox.SlirpDNS + "\n",
 		"hosts":       "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
 	} {
-		if err := writeFileAtomic(filepath.Join(etc, name), []byte(data), 0o644); err != nil {
+		if err := atomicfile.WriteFile(filepath.Join(etc, name), []byte(data), 0o644); err != nil {
 			return nil, fmt.Errorf("writing the apps' %s: %w", name, err)
 		}
 	}
@@ -236,6 +238,12 @@ func (rt *Runtime) launch(ctx context.Context, app string, st *appState, cur *Cu
 	}
 	if err := p.waitReady(ctx, rt.cfg.StartTimeout); err != nil {
 		p.stop(rt.cfg.StopGrace)
+		rt.mu.Lock()
+		running := st.current
+		rt.mu.Unlock()
+		if running == nil || running.Image != cur.Image {
+			rt.pruneImages(dir, runningHex(running)) // a failed release keeps no extraction
+		}
 		rt.log.Warn("new release failed to start", "app", app, "pid", p.pid, "image", cur.Image, "err", err)
 		if ctx.Err() != nil { // stopped by the caller, not the app's fault
 			return fmt.Errorf("starting app %s: stopped before it was ready: %w", app, context.Cause(ctx))
@@ -262,7 +270,36 @@ func (rt *Runtime) launch(ctx context.Context, app string, st *appState, cur *Cu
 		prev.stop(rt.cfg.StopGrace)
 		rt.log.Info("previous release stopped", "app", app, "pid", prev.pid)
 	}
+	rt.pruneImages(dir, img.digest.Hex) // only the running release's extraction is kept
 	return nil
+}
+
+// runningHex is the image digest hex of cur, or "" for none.
+func runningHex(cur *Current) string {
+	if cur == nil {
+		return ""
+	}
+	if _, hex, ok := strings.Cut(cur.Image, "@sha256:"); ok {
+		return hex
+	}
+	return ""
+}
+
+// pruneImages removes the app's extracted images (<appDir>/images/<hex>) but keep's: a
+// rollback extracts its image again from the registry.
+func (rt *Runtime) pruneImages(appDir, keep string) {
+	ents, err := os.ReadDir(filepath.Join(appDir, "images"))
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if e.Name() == keep {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(appDir, "images", e.Name())); err != nil {
+			rt.log.Warn("removing an old image extraction", "dir", filepath.Join(appDir, "images", e.Name()), "err", err)
+		}
+	}
 }
 
 // watch marks the app down in the router when its current process exits on its own.
@@ -299,7 +336,7 @@ func (rt *Runtime) saveCurrent(app string, cur *Current) error {
 		return err
 	}
 	// 0600: Env may hold secrets.
-	return writeFileAtomic(filepath.Join(rt.appDir(app), "current.json"), append(b, '\n'), 0o600)
+	return atomicfile.WriteFile(filepath.Join(rt.appDir(app), "current.json"), append(b, '\n'), 0o600)
 }
 
 func (rt *Runtime) loadCurrent(app string) (*Current, error) {
@@ -467,6 +504,9 @@ func (rt *Runtime) Destroy(ctx context.Context, app string) error {
 	}
 	if err := os.RemoveAll(rt.appDir(app)); err != nil {
 		return fmt.Errorf("removing %s: %w", rt.appDir(app), err)
+	}
+	if err := rt.ids.Release("app/" + app); err != nil {
+		return err
 	}
 	rt.log.Info("app destroyed", "app", app)
 	return nil

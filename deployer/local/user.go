@@ -4,8 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 )
@@ -25,7 +25,7 @@ func resolveUser(user, rootfs string) (identity, error) {
 		return identity{home: "/root"}, nil
 	}
 	u, g, hasGroup := strings.Cut(user, ":")
-	passwd := readColonFile(filepath.Join(rootfs, "etc", "passwd"))
+	passwd := readColonFile(rootfs, "etc/passwd")
 	var id identity
 	if n, err := strconv.ParseUint(u, 10, 32); err == nil {
 		id.uid = uint32(n)
@@ -62,7 +62,7 @@ func resolveUser(user, rootfs string) (identity, error) {
 			id.gid = uint32(n)
 		} else {
 			found := false
-			for _, f := range readColonFile(filepath.Join(rootfs, "etc", "group")) {
+			for _, f := range readColonFile(rootfs, "etc/group") {
 				if len(f) >= 3 && f[0] == g {
 					gid, err := strconv.ParseUint(f[2], 10, 32)
 					if err != nil {
@@ -81,14 +81,24 @@ func resolveUser(user, rootfs string) (identity, error) {
 	return id, nil
 }
 
-// readColonFile reads a passwd/group style file of the rootfs without following symlinks out
-// of it (a missing or unreadable file is empty).
-func readColonFile(p string) [][]string {
-	fi, err := os.Lstat(p)
-	if err != nil || !fi.Mode().IsRegular() {
+// readColonFile reads a passwd/group style file of the rootfs through an os.Root, so no
+// symlink (of /etc or of the file) leads outside it, and only a regular file of at most 1 MiB
+// counts (a missing or unreadable file is empty).
+func readColonFile(rootfs, name string) [][]string {
+	root, err := os.OpenRoot(rootfs)
+	if err != nil {
 		return nil
 	}
-	b, err := os.ReadFile(p)
+	defer root.Close()
+	f, err := root.Open(name)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
+	b, err := io.ReadAll(io.LimitReader(f, 1<<20))
 	if err != nil {
 		return nil
 	}
@@ -102,37 +112,4 @@ func readColonFile(p string) [][]string {
 		out = append(out, strings.Split(line, ":"))
 	}
 	return out
-}
-
-// searchableBy reports whether uid/gid can traverse every directory from / down to dir, which
-// bubblewrap needs when it runs as that user.
-func searchableBy(dir string, uid, gid uint32) bool {
-	for d := dir; ; d = filepath.Dir(d) {
-		fi, err := os.Stat(d)
-		if err != nil {
-			return false
-		}
-		st, ok := statOwner(fi)
-		if !ok {
-			return false
-		}
-		m := fi.Mode().Perm()
-		switch {
-		case st.uid == uid:
-			if m&0o100 == 0 {
-				return false
-			}
-		case st.gid == gid:
-			if m&0o010 == 0 {
-				return false
-			}
-		default:
-			if m&0o001 == 0 {
-				return false
-			}
-		}
-		if filepath.Dir(d) == d {
-			return true
-		}
-	}
 }

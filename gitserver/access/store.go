@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -12,9 +13,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
+	"github.com/gofrs/flock"
 	gossh "golang.org/x/crypto/ssh"
+
+	"kpush.dev/kpush/internal/atomicfile"
 )
 
 // StateFile is where Open keeps the store, relative to the data dir.
@@ -32,17 +37,36 @@ var (
 )
 
 // Store holds users, their SSH keys and their per-app grants, persisted as JSON in
-// <data>/state/access.json (written to a temporary file and renamed over the old one, mode
-// 0600). One process owns a data dir; within it a Store is safe for concurrent use. Every
-// method that changes something has written the file when it returns nil; when writing fails
-// nothing changed.
+// <data>/state/access.json (mode 0600, replaced whole by internal/atomicfile). Several kpush
+// processes may share a data dir, each with its Store: every change is a read-modify-write of
+// the file under an exclusive flock of <data>/state/access.json.lock, so no process loses
+// another's, and every read sees the file's current content (it is read again whenever its
+// inode, size or mtime changed). Within a process a Store is safe for concurrent use.
+// Every method that changes something has written the file when it returns nil; when writing
+// fails nothing changed.
 type Store struct {
 	path string
 	log  *slog.Logger
 	now  func() time.Time
 
-	mu sync.Mutex
-	st *state
+	mu    sync.Mutex
+	st    *state // never modified in place: view and update swap in another
+	stamp stamp  // of the file st was read from
+}
+
+// stamp tells one content of the state file from another without reading it: every change
+// renames a new file over it.
+type stamp struct {
+	ino         uint64
+	size, mtime int64 // mtime in nanoseconds
+}
+
+func stampOf(fi os.FileInfo) stamp {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return stamp{}
+	}
+	return stamp{ino: uint64(st.Ino), size: fi.Size(), mtime: fi.ModTime().UnixNano()}
 }
 
 // Option configures a Store in Open.
@@ -59,6 +83,10 @@ type state struct {
 	users  map[string]User            // by name
 	keys   map[string]Key             // by fingerprint
 	grants map[string]map[string]Role // app → user → role
+}
+
+func emptyState() *state {
+	return &state{users: map[string]User{}, keys: map[string]Key{}, grants: map[string]map[string]Role{}}
 }
 
 type stateFile struct {
@@ -84,60 +112,112 @@ func Open(dataDir string, opts ...Option) (*Store, error) {
 		path: filepath.Join(dataDir, filepath.FromSlash(StateFile)),
 		log:  slog.New(slog.DiscardHandler),
 		now:  time.Now,
-		st:   &state{users: map[string]User{}, keys: map[string]Key{}, grants: map[string]map[string]Role{}},
 	}
 	for _, o := range opts {
 		o(s)
 	}
-	data, err := os.ReadFile(s.path)
-	if errors.Is(err, os.ErrNotExist) {
-		return s, nil
-	}
+	st, stamp, err := s.read()
 	if err != nil {
-		return nil, fmt.Errorf("reading users and keys: %w", err)
+		return nil, err
 	}
-	var f stateFile
-	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("reading users and keys from %s: %w (restore it from a backup or remove it; the authorized keys files register the admins again at the next start)", s.path, err)
-	}
-	if f.Version != stateVersion {
-		return nil, fmt.Errorf("reading users and keys from %s: version %d, this kpush reads version %d", s.path, f.Version, stateVersion)
-	}
-	for _, u := range f.Users {
-		s.st.users[u.Name] = u
-	}
-	for _, k := range f.Keys {
-		s.st.keys[k.Fingerprint] = k
-	}
-	for _, g := range f.Grants {
-		if s.st.grants[g.App] == nil {
-			s.st.grants[g.App] = map[string]Role{}
-		}
-		s.st.grants[g.App][g.User] = g.Role
-	}
+	s.st, s.stamp = st, stamp
 	return s, nil
 }
 
-// update runs f on a copy of the state and, when f succeeds, writes the copy and makes it the
-// state.
+// read reads the state file as it is now (an empty state when there is none yet) and the
+// stamp of what it read.
+func (s *Store) read() (*state, stamp, error) {
+	st := emptyState()
+	f, err := os.Open(s.path)
+	if errors.Is(err, os.ErrNotExist) {
+		return st, stamp{}, nil
+	}
+	if err != nil {
+		return nil, stamp{}, fmt.Errorf("reading users and keys: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat() // of the file read, even if another process renames a new one over it meanwhile
+	if err != nil {
+		return nil, stamp{}, fmt.Errorf("reading users and keys: %w", err)
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		return nil, stamp{}, fmt.Errorf("reading users and keys: %w", err)
+	}
+	var sf stateFile
+	if err := json.Unmarshal(data, &sf); err != nil {
+		return nil, stamp{}, fmt.Errorf("reading users and keys from %s: %w (restore it from a backup or remove it; the authorized keys files register the admins again at the next start)", s.path, err)
+	}
+	if sf.Version != stateVersion {
+		return nil, stamp{}, fmt.Errorf("reading users and keys from %s: version %d, this kpush reads version %d", s.path, sf.Version, stateVersion)
+	}
+	for _, u := range sf.Users {
+		st.users[u.Name] = u
+	}
+	for _, k := range sf.Keys {
+		st.keys[k.Fingerprint] = k
+	}
+	for _, g := range sf.Grants {
+		if st.grants[g.App] == nil {
+			st.grants[g.App] = map[string]Role{}
+		}
+		st.grants[g.App][g.User] = g.Role
+	}
+	return st, stampOf(fi), nil
+}
+
+// update runs f on a copy of the file's current state and, when f succeeds, writes the copy
+// and makes it the state, all under the exclusive flock of the state file (other processes
+// sharing the data dir take turns).
 func (s *Store) update(f func(st *state) error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	next := s.st.clone()
+	if err := os.MkdirAll(filepath.Dir(s.path), 0o700); err != nil {
+		return fmt.Errorf("saving users and keys: %w", err)
+	}
+	lock := flock.New(s.path + ".lock")
+	if err := lock.Lock(); err != nil {
+		return fmt.Errorf("locking users and keys: %w", err)
+	}
+	defer lock.Unlock() //nolint:errcheck // closing drops it anyway
+	cur, _, err := s.read()
+	if err != nil {
+		return err
+	}
+	next := cur.clone()
 	if err := f(next); err != nil {
 		return err
 	}
 	if err := s.save(next); err != nil {
 		return err
 	}
-	s.st = next
+	fi, err := os.Stat(s.path) // still ours: nobody writes without the lock
+	if err != nil {
+		return fmt.Errorf("saving users and keys: %w", err)
+	}
+	s.st, s.stamp = next, stampOf(fi)
 	return nil
 }
 
+// view returns the file's current state, read again when another process (or Store) changed
+// it. A file that became unreadable keeps the last state read, with a warning in the log.
 func (s *Store) view() *state {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.st // never modified in place: update swaps in a copy
+	fi, err := os.Stat(s.path)
+	if errors.Is(err, os.ErrNotExist) && s.stamp == (stamp{}) {
+		return s.st // still no file
+	}
+	if err == nil && s.stamp != (stamp{}) && stampOf(fi) == s.stamp {
+		return s.st // unchanged
+	}
+	st, stamp, err := s.read()
+	if err != nil {
+		s.log.Warn("users and keys: keeping the last state read", "err", err)
+		return s.st
+	}
+	s.st, s.stamp = st, stamp
+	return s.st
 }
 
 func (s *Store) save(st *state) error {
@@ -153,45 +233,8 @@ func (s *Store) save(st *state) error {
 	if err != nil {
 		return fmt.Errorf("saving users and keys: %w", err)
 	}
-	if err := writeFileAtomic(s.path, append(data, '\n')); err != nil {
+	if err := atomicfile.WriteFile(s.path, append(data, '\n'), 0o600); err != nil {
 		return fmt.Errorf("saving users and keys: %w", err)
-	}
-	return nil
-}
-
-// writeFileAtomic writes data to path through a temporary file in the same directory that is
-// synced and renamed over path, so path holds either the old or the new content. Mode 0600.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name()) // fails harmlessly after the rename
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	return nil
 }

@@ -60,6 +60,12 @@ const (
 	DefaultMaxEntries = 1 << 20  // entries of any type, headers included
 	DefaultMaxBytes   = 16 << 30 // bytes of regular file content, 16 GiB
 	DefaultMaxDepth   = 256      // components of an entry's name
+
+	// SourceMaxBytes bounds a pushed source tree: a small push can hold a huge tree (one
+	// blob named many times), and the build directory is on the data dir's disk.
+	SourceMaxBytes = 2 << 30
+	// ImageMaxBytes bounds an app image's flattened filesystem.
+	ImageMaxBytes = 8 << 30
 )
 
 // Options says how Extract turns entries into files. The zero value is right for a git source

@@ -9,9 +9,10 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 
-	"github.com/google/renameio/v2"
+	"github.com/gofrs/flock"
+
+	"kpush.dev/kpush/internal/atomicfile"
 )
 
 // RangeSize is how many host ids one sandbox range holds (ids 0..65535 inside).
@@ -74,73 +75,106 @@ type rangeEntry struct {
 
 // Get returns key's range, allocating the next free one on first use.
 func (r *Ranges) Get(key string) (IDRange, error) {
+	var got IDRange
+	err := r.update(key, func(st *rangeFile) (bool, error) {
+		used := map[int]bool{}
+		for _, e := range st.Ranges {
+			if e.Owner == r.Owner && e.Key == key {
+				got = indexRange(e.Index)
+				return false, nil
+			}
+			used[e.Index] = true
+		}
+		// Hand out ranges in turn, from where the last one was: a range freed a moment ago
+		// (its processes may not all have exited) comes back only after every other one.
+		taken := subordinateRanges()
+		next := -1
+		for n := 0; n < maxRanges && next < 0; n++ {
+			i := (st.Next + n) % maxRanges
+			if !used[i] && !overlaps(indexRange(i), taken) {
+				next = i
+			}
+		}
+		if next < 0 {
+			return false, fmt.Errorf("sandbox: all %d host id ranges are taken", maxRanges)
+		}
+		st.Ranges = append(st.Ranges, rangeEntry{Owner: r.Owner, Key: key, Index: next})
+		st.Next = (next + 1) % maxRanges
+		got = indexRange(next)
+		return true, nil
+	})
+	return got, err
+}
+
+// Release forgets key's range (an app destroyed): it is handed out again after every other.
+func (r *Ranges) Release(key string) error {
+	return r.update(key, func(st *rangeFile) (bool, error) {
+		for i, e := range st.Ranges {
+			if e.Owner == r.Owner && e.Key == key {
+				st.Ranges = append(st.Ranges[:i], st.Ranges[i+1:]...)
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+}
+
+// update runs fn on the allocation file under its lock, with the entries of data dirs that
+// are gone (and invalid ones) already dropped, and saves it when fn says it changed.
+func (r *Ranges) update(key string, fn func(*rangeFile) (bool, error)) error {
 	if !rangeKey.MatchString(key) {
-		return IDRange{}, fmt.Errorf("sandbox: id range key %q is invalid", key)
+		return fmt.Errorf("sandbox: id range key %q is invalid", key)
 	}
 	if !filepath.IsAbs(r.Owner) {
-		return IDRange{}, fmt.Errorf("sandbox: id ranges need the data dir's absolute path, not %q", r.Owner)
+		return fmt.Errorf("sandbox: id ranges need the data dir's absolute path, not %q", r.Owner)
 	}
 	file := r.File
 	if file == "" {
 		file = HostRangesFile
 	}
 	if err := os.MkdirAll(filepath.Dir(file), 0o700); err != nil {
-		return IDRange{}, fmt.Errorf("sandbox: %w", err)
+		return fmt.Errorf("sandbox: %w", err)
 	}
-	lock, err := os.OpenFile(file+".lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return IDRange{}, fmt.Errorf("sandbox: %w", err)
+	lock := flock.New(file + ".lock")
+	if err := lock.Lock(); err != nil {
+		return fmt.Errorf("sandbox: locking %s: %w", file, err)
 	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return IDRange{}, fmt.Errorf("sandbox: locking %s: %w", file, err)
-	}
+	defer lock.Unlock() //nolint:errcheck // closing drops it anyway
 	var st rangeFile
 	b, err := os.ReadFile(file)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 	case err != nil:
-		return IDRange{}, fmt.Errorf("sandbox: %w", err)
+		return fmt.Errorf("sandbox: %w", err)
 	default:
 		if err := json.Unmarshal(b, &st); err != nil {
-			return IDRange{}, fmt.Errorf("sandbox: %s is corrupt: %w", file, err)
+			return fmt.Errorf("sandbox: %s is corrupt: %w", file, err)
 		}
 	}
-	used := map[int]bool{}
+	n := len(st.Ranges)
 	kept := st.Ranges[:0]
 	for _, e := range st.Ranges {
-		if e.Owner == r.Owner && e.Key == key && e.Index >= 0 && e.Index < maxRanges {
-			return indexRange(e.Index), nil
+		if e.Index < 0 || e.Index >= maxRanges {
+			continue
 		}
 		if _, err := os.Stat(e.Owner); errors.Is(err, os.ErrNotExist) {
 			continue // its data dir is gone: so are its files
 		}
-		used[e.Index] = true
 		kept = append(kept, e)
 	}
-	// Hand out ranges in turn, from where the last one was: a range freed a moment ago (its
-	// processes may not all have exited) comes back only after every other one.
-	taken := subordinateRanges()
-	next := -1
-	for n := 0; n < maxRanges && next < 0; n++ {
-		i := (st.Next + n) % maxRanges
-		if !used[i] && !overlaps(indexRange(i), taken) {
-			next = i
-		}
+	st.Ranges = kept
+	changed, err := fn(&st)
+	if err != nil || (!changed && len(kept) == n) {
+		return err
 	}
-	if next < 0 {
-		return IDRange{}, fmt.Errorf("sandbox: all %d host id ranges are taken", maxRanges)
-	}
-	st.Ranges = append(kept, rangeEntry{Owner: r.Owner, Key: key, Index: next})
-	st.Next = (next + 1) % maxRanges
 	out, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
-		return IDRange{}, err
+		return err
 	}
-	if err := renameio.WriteFile(file, out, 0o600); err != nil {
-		return IDRange{}, fmt.Errorf("sandbox: saving %s: %w", file, err)
+	if err := atomicfile.WriteFile(file, out, 0o600); err != nil {
+		return fmt.Errorf("sandbox: saving %s: %w", file, err)
 	}
-	return indexRange(next), nil
+	return nil
 }
 
 // rangeFile is HostRangesFile's content.

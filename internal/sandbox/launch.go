@@ -29,6 +29,7 @@ const (
 // plan is what the launcher is handed on planFD.
 type plan struct {
 	Name     string // the program's argv[0]
+	Parent   int    // kpush's PID, the launcher's parent
 	UID, GID uint32 // host ids to run the program as
 	Binds    []bind // stageDir/<index> ← Source
 	// MaxProcs, if not 0, is RLIMIT_NPROC: the uid's processes and threads, counted in the
@@ -135,7 +136,7 @@ func launch(args []string) error {
 	if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(syscall.SIGKILL), 0, 0, 0); err != nil {
 		return fmt.Errorf("prctl: %w", err)
 	}
-	if os.Getppid() == 1 {
+	if os.Getppid() != p.Parent { // it died before the parent-death signal was set again
 		return fmt.Errorf("kpush exited")
 	}
 	// The kernel opens the executable before it closes close-on-exec descriptors.
@@ -151,7 +152,7 @@ func launch(args []string) error {
 // command has started (closeFiles). It is started in a private mount namespace
 // of its own, in a process group of its own, and dies with kpush.
 func launcher(p plan, exe string, argv []string, files []*os.File) (*exec.Cmd, error) {
-	p.Name = argv[0]
+	p.Name, p.Parent = argv[0], os.Getpid()
 	planJSON, err := json.Marshal(p)
 	if err != nil {
 		return nil, err

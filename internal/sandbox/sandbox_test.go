@@ -335,6 +335,13 @@ func TestRangesAreStableDistinctAndHostWide(t *testing.T) {
 	if strings.Contains(string(b), dataB) {
 		t.Errorf("the ranges of a data dir that is gone are still recorded:\n%s", b)
 	}
+	// A released range (an app destroyed) is forgotten and not handed out again at once.
+	if err := (&Ranges{File: file, Owner: dataA}).Release("build/x"); err != nil {
+		t.Fatal(err)
+	}
+	if again := get(dataA, "build/x"); again == buildA {
+		t.Errorf("build/x got its released range %d back at once", again.Base)
+	}
 	for _, bad := range []string{"", "app", "app/", "app/A", "../x", "app/a/b"} {
 		if _, err := (&Ranges{File: file, Owner: dataA}).Get(bad); err == nil {
 			t.Errorf("key %q accepted", bad)

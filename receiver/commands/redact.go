@@ -100,3 +100,18 @@ func (r *redactWriter) Flush() error {
 	r.buf = r.buf[:0]
 	return err
 }
+
+// hidden is what readers see instead of config values: only admins of an app see them.
+const hidden = "(hidden: admins only)"
+
+// redactEnv is env with every value hidden (nil stays nil).
+func redactEnv(env map[string]string) map[string]string {
+	if env == nil {
+		return nil
+	}
+	out := make(map[string]string, len(env))
+	for k := range env {
+		out[k] = hidden
+	}
+	return out
+}

@@ -9,8 +9,11 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"syscall"
 	"time"
+
+	"github.com/gofrs/flock"
+
+	"kpush.dev/kpush/internal/atomicfile"
 )
 
 // NewFile returns a Manager whose leases are files in dir (created 0700 if missing): for
@@ -44,15 +47,11 @@ func (s *fileStore) path(app string) string { return filepath.Join(s.dir, app+".
 
 // locked runs f while holding an exclusive flock on app's lock file.
 func (s *fileStore) locked(app string, f func() error) error {
-	lf, err := os.OpenFile(filepath.Join(s.dir, app+".lock"), os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
+	l := flock.New(filepath.Join(s.dir, app+".lock"))
+	if err := l.Lock(); err != nil {
+		return fmt.Errorf("locking %s: %w", l.Path(), err)
 	}
-	defer lf.Close()
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("locking %s: %w", lf.Name(), err)
-	}
-	defer syscall.Flock(int(lf.Fd()), syscall.LOCK_UN) //nolint:errcheck // closing drops it anyway
+	defer l.Unlock() //nolint:errcheck // closing drops it anyway
 	return f()
 }
 
@@ -76,11 +75,7 @@ func (s *fileStore) write(app string, r fileRecord) error {
 	if err != nil {
 		return err
 	}
-	tmp := s.path(app) + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, s.path(app))
+	return atomicfile.WriteFile(s.path(app), b, 0o600)
 }
 
 func (s *fileStore) get(_ context.Context, app string) (Info, string, error) {

@@ -309,11 +309,14 @@ func (m *Manager) Holder(ctx context.Context, app string) (Info, bool, error) {
 	return cur, !cur.Expired(time.Now()) && !m.holderDead(cur), nil
 }
 
-// deadHolders is implemented by stores whose holders all run on one machine (NewFile): a
-// lease whose holder process is known to be gone is free at once, without waiting out its TTL.
+// deadHolders is implemented by stores whose holders all run on one machine (fileStore, from
+// NewFile; the Kubernetes Lease store cannot tell): a lease whose holder process is known to
+// be gone is free at once, without waiting out its TTL. Manager finds it by type assertion.
 type deadHolders interface {
 	holderDead(holder string) bool
 }
+
+var _ deadHolders = (*fileStore)(nil)
 
 // holderDead reports whether the store knows i's holder process to be gone.
 func (m *Manager) holderDead(i Info) bool {

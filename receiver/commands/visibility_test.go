@@ -12,13 +12,12 @@ import (
 	"kpush.dev/kpush/receiver"
 )
 
-// TestDayTwo covers what a day-two trial showed, with the real access and app stores:
-// build-env values of past builds stay hidden from readers after an unset, errors that do not
+// TestHiddenAppsUsageErrorsAndPhases, with the real access and app stores: build-env values of past builds stay hidden from readers after an unset, errors that do not
 // reveal an app to people without a role on it, missing arguments named with the usage line
 // (also for the access commands), a refused rollback naming the differing variables and the
 // command, real addresses instead of placeholders, the last admin unable to revoke
 // themselves, and "building"/"cancelled" in the tables.
-func TestDayTwo(t *testing.T) {
+func TestHiddenAppsUsageErrorsAndPhases(t *testing.T) {
 	dir := t.TempDir()
 	acc, err := access.Open(dir)
 	if err != nil {

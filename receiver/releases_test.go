@@ -190,23 +190,6 @@ func TestReleaseSemantics(t *testing.T) {
 	}
 }
 
-func TestEnvNames(t *testing.T) {
-	for _, tc := range []struct {
-		name        string
-		config, env bool // valid as run-time config, as build env
-	}{
-		{"FOO", true, true}, {"_x9", true, true}, {"PORT", false, true}, {"K_SERVICE", false, true},
-		{"9A", false, false}, {"A-B", false, false}, {"", false, false}, {"A=B", false, false},
-	} {
-		if got := ValidEnvName(tc.name) == nil; got != tc.config {
-			t.Errorf("ValidEnvName(%q) ok = %v, want %v", tc.name, got, tc.config)
-		}
-		if got := ValidBuildEnvName(tc.name) == nil; got != tc.env {
-			t.Errorf("ValidBuildEnvName(%q) ok = %v, want %v", tc.name, got, tc.env)
-		}
-	}
-}
-
 // TestKeepSourceFromQuarantine keeps a commit that exists only in a quarantine directory, as
 // in a pre-receive hook, and finds it at its release ref after the quarantine is gone.
 func TestKeepSourceFromQuarantine(t *testing.T) {

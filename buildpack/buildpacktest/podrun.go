@@ -1,4 +1,8 @@
-package buildpack
+// Package buildpacktest runs a build Pod's plan on this machine, for tests: PodRunner plays
+// the kubelet for the Pods buildpack.BuildPod makes (in tests of buildpack and of the packages
+// that use it), and LocalBuilderImage lays out the builder image it runs them with. No
+// non-test code of kpush imports it.
+package buildpacktest
 
 import (
 	"context"
@@ -18,11 +22,12 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"kpush.dev/kpush/buildpack"
 	"kpush.dev/kpush/internal/tools"
 )
 
 // LocalImage stands in for a container image when PodRunner runs a Pod on this machine: the
-// root filesystem is the host's (read-only, as in Local), plus Files bound read-only.
+// root filesystem is the host's (read-only, as in buildpack.Local), plus Files bound read-only.
 type LocalImage struct {
 	Entrypoint []string          // the image's ENTRYPOINT, used when a container sets no Command
 	Env        []string          // the image config's "NAME=value" env; the container's env wins
@@ -115,8 +120,8 @@ func (r *PodRunner) Run(ctx context.Context, pod *corev1.Pod, ev ContainerEvents
 	if err != nil {
 		return err
 	}
-	passwd := fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\n%s:x:%d:%d:CNB user:/home/%s:/bin/sh\n", CNBUser, uid, gid, CNBUser)
-	grp := fmt.Sprintf("root:x:0:\n%s:x:%d:\n", CNBUser, gid)
+	passwd := fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\n%s:x:%d:%d:CNB user:/home/%s:/bin/sh\n", buildpack.CNBUser, uid, gid, buildpack.CNBUser)
+	grp := fmt.Sprintf("root:x:0:\n%s:x:%d:\n", buildpack.CNBUser, gid)
 	if err := os.WriteFile(filepath.Join(scratch, "passwd"), []byte(passwd), 0o644); err != nil {
 		return err
 	}
@@ -354,7 +359,7 @@ func containerArgs(pod *corev1.Pod, c corev1.Container, img LocalImage, scratch 
 
 // containerEnv is c's environment: PATH default, the image's env, HOSTNAME, then c.Env.
 func containerEnv(pod *corev1.Pod, c corev1.Container, img LocalImage) ([]string, error) {
-	env := map[string]string{"PATH": RunImagePath}
+	env := map[string]string{"PATH": buildpack.RunImagePath}
 	for _, kv := range img.Env {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
@@ -375,12 +380,12 @@ func containerEnv(pod *corev1.Pod, c corev1.Container, img LocalImage) ([]string
 }
 
 // LocalBuilderImage lays out, in the empty directory dir, a CNB builder image's /cnb for
-// PodRunner, as Local lays it out for its builds: buildpacks (BuiltinBuildpacks plus extra),
-// order.toml (nil order: DefaultOrder()), run.toml naming runImage, and the lifecycle and
-// launcher binaries from the tools directory with the phase names linked to the lifecycle;
-// plus the Go toolchain goRoot at GoRootPath for the kpush/go buildpack. The result's Env puts
-// GoRootPath/bin on PATH.
-func LocalBuilderImage(dir string, extra []fs.FS, order []Group, runImage, goRoot string) (LocalImage, error) {
+// PodRunner, as buildpack.Local lays it out for its builds (buildpack.WriteCNB): buildpacks
+// (buildpack.BuiltinBuildpacks plus extra), order.toml (nil order: buildpack.DefaultOrder()),
+// run.toml naming runImage, and the lifecycle and launcher binaries from the tools directory
+// with the phase names linked to the lifecycle; plus the Go toolchain goRoot at
+// buildpack.GoRootPath for the kpush/go buildpack. The result's Env puts GoRootPath/bin on PATH.
+func LocalBuilderImage(dir string, extra []fs.FS, order []buildpack.Group, runImage, goRoot string) (LocalImage, error) {
 	lifecycle, err := tools.Path("lifecycle")
 	if err != nil {
 		return LocalImage{}, err
@@ -390,27 +395,14 @@ func LocalBuilderImage(dir string, extra []fs.FS, order []Group, runImage, goRoo
 		return LocalImage{}, err
 	}
 	cnb := filepath.Join(dir, "cnb")
-	if err := os.MkdirAll(filepath.Join(cnb, "lifecycle"), 0o755); err != nil {
-		return LocalImage{}, err
-	}
-	for _, f := range []string{"lifecycle", "launcher"} { // mount points
-		if err := os.WriteFile(filepath.Join(cnb, "lifecycle", f), nil, 0o755); err != nil {
-			return LocalImage{}, err
-		}
-	}
-	for _, p := range lifecyclePhases {
-		if err := os.Symlink("lifecycle", filepath.Join(cnb, "lifecycle", p)); err != nil {
-			return LocalImage{}, err
-		}
-	}
 	if order == nil {
-		order = DefaultOrder()
+		order = buildpack.DefaultOrder()
 	}
-	if err := writeBuilder(cnb, append(BuiltinBuildpacks(), extra...), order, runImage); err != nil {
+	if err := buildpack.WriteCNB(cnb, append(buildpack.BuiltinBuildpacks(), extra...), order, runImage); err != nil {
 		return LocalImage{}, fmt.Errorf("writing local builder: %w", err)
 	}
 	img := LocalImage{
-		Env: []string{"PATH=" + GoRootPath + "/bin:" + RunImagePath},
+		Env: []string{"PATH=" + buildpack.GoRootPath + "/bin:" + buildpack.RunImagePath},
 		Files: map[string]string{
 			"/cnb":                     cnb,
 			"/cnb/lifecycle/lifecycle": lifecycle,
@@ -418,7 +410,7 @@ func LocalBuilderImage(dir string, extra []fs.FS, order []Group, runImage, goRoo
 		},
 	}
 	if goRoot != "" {
-		img.Files[GoRootPath] = goRoot
+		img.Files[buildpack.GoRootPath] = goRoot
 	}
 	return img, nil
 }

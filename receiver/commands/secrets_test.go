@@ -1,7 +1,6 @@
 package commands
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"os"
@@ -9,26 +8,17 @@ import (
 	"testing"
 
 	"kpush.dev/kpush/deployer"
-	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/gitserver/access"
 	"kpush.dev/kpush/receiver"
 )
 
-// deployerFunc adapts a function to deployer.Deployer: the real runtimes need a registry
-// and images; test/ runs them end to end.
-type deployerFunc func(context.Context, deployer.Release, io.Writer) (string, error)
-
-func (f deployerFunc) Deploy(ctx context.Context, r deployer.Release, out io.Writer) (string, error) {
-	return f(ctx, r, out)
-}
-
-// TestFirstUse covers what a first use showed: readers never see config values in
-// failure reasons or build logs, a deploy-role rollback that would change the config needs
-// admin, help for an unknown command fails, apps:destroy with another name says so, config of
-// an app without vars says so, and apps:create prints the remote at the address the client
-// used. The access and app stores are real; releases and build logs are written into the
+// TestReadersSeeNoSecretsAndRollbackRoles: readers never see config values in failure
+// reasons or build logs, a deploy-role rollback that would change the config needs admin, help
+// for an unknown command fails, apps:destroy with another name says so, config of an app
+// without vars says so, and apps:create prints the remote at the address the client used.
+// The access and app stores are real; releases and build logs are written into the
 // store as a crashed app would have left them.
-func TestFirstUse(t *testing.T) {
+func TestReadersSeeNoSecretsAndRollbackRoles(t *testing.T) {
 	dir := t.TempDir()
 	acc, err := access.Open(dir)
 	if err != nil {
@@ -119,92 +109,5 @@ func TestFirstUse(t *testing.T) {
 	// The refused rollback recorded no release.
 	if rels, _ := store.Releases("demo"); len(rels) != 5 {
 		t.Errorf("%d releases, want 3 + the two allowed rollbacks", len(rels))
-	}
-}
-
-// TestRedact: values are replaced longest first, wherever they are, also when a write splits
-// one; text without them is untouched.
-func TestRedact(t *testing.T) {
-	secrets := []string{"abcdef", "abcd"}
-	for _, tc := range []struct {
-		writes []string
-		want   string
-	}{
-		{[]string{"x=abcdef y=abcd\n"}, "x=[hidden] y=[hidden]\n"},
-		{[]string{"x=abc", "def\n", "tail abcd"}, "x=[hidden]\ntail [hidden]"},
-		{[]string{"nothing here\n"}, "nothing here\n"},
-		{[]string{"abcdabcdef"}, "[hidden][hidden]"},
-		{[]string{""}, ""},
-	} {
-		var out bytes.Buffer
-		w := &redactWriter{w: &out, secrets: secrets}
-		for _, s := range tc.writes {
-			if n, err := w.Write([]byte(s)); n != len(s) || err != nil {
-				t.Errorf("Write(%q) = %d, %v", s, n, err)
-			}
-		}
-		w.Flush()
-		if out.String() != tc.want {
-			t.Errorf("writes %q gave %q, want %q", tc.writes, out.String(), tc.want)
-		}
-	}
-	if got := redact("abc", nil); got != "abc" {
-		t.Errorf("redact without secrets = %q", got)
-	}
-}
-
-// TestRemoteURL covers the address forms apps:create prints.
-func TestRemoteURL(t *testing.T) {
-	for addr, want := range map[string]string{
-		"127.0.0.1:2222":     "ssh://git@127.0.0.1:2222/demo",
-		"git.example.com:22": "ssh://git@git.example.com/demo",
-		"[::1]:2222":         "ssh://git@[::1]:2222/demo",
-		"[::1]:22":           "ssh://git@[::1]/demo",
-		"":                   "ssh://git@HOST/demo",
-	} {
-		if got := remoteURL(addr, "demo"); got != want {
-			t.Errorf("remoteURL(%q) = %q, want %q", addr, got, want)
-		}
-	}
-}
-
-// cmdCase is one SSH command run through the Handler by user, with the exit status and the
-// output fragments it must (and must not) print.
-type cmdCase struct {
-	name           string
-	user           string
-	args           []string
-	code           int
-	stdout, stderr string   // fragments wanted
-	notOut, notErr []string // fragments that must not appear
-}
-
-func runCmdCases(t *testing.T, ctx context.Context, h gitserver.CommandHandler, tests []cmdCase) {
-	t.Helper()
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			var stdout, stderr bytes.Buffer
-			code := h.RunCommand(ctx, &gitserver.Command{User: tt.user, Args: tt.args, Addr: "127.0.0.1:2345",
-				Stdin: strings.NewReader(""), Stdout: &stdout, Stderr: &stderr})
-			if code != tt.code {
-				t.Errorf("exit %d, want %d\nstdout: %s\nstderr: %s", code, tt.code, stdout.String(), stderr.String())
-			}
-			if !strings.Contains(stdout.String(), tt.stdout) {
-				t.Errorf("stdout lacks %q:\n%s", tt.stdout, stdout.String())
-			}
-			if !strings.Contains(stderr.String(), tt.stderr) {
-				t.Errorf("stderr lacks %q:\n%s", tt.stderr, stderr.String())
-			}
-			for _, n := range tt.notOut {
-				if strings.Contains(stdout.String(), n) {
-					t.Errorf("stdout has %q:\n%s", n, stdout.String())
-				}
-			}
-			for _, n := range tt.notErr {
-				if strings.Contains(stderr.String(), n) {
-					t.Errorf("stderr has %q:\n%s", n, stderr.String())
-				}
-			}
-		})
 	}
 }
