@@ -170,27 +170,6 @@ func (b *Build) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-// QueueEntry is the one push (or rebuild) of an app waiting for the app's running build,
-// <data>/state/apps/<app>/queue.json. A newer one replaces it; the replaced waiter notices
-// and gives up ("superseded by vN").
-type QueueEntry struct {
-	Release int       `json:"release"`
-	PushID  string    `json:"push_id,omitempty"`
-	User    string    `json:"user"`
-	Commit  string    `json:"commit"`
-	Since   time.Time `json:"since"`
-	Owner   string    `json:"owner"`
-}
-
-// CancelRequest asks the process running release Release of an app to cancel its build
-// (builds:cancel), <data>/state/apps/<app>/cancel.json.
-type CancelRequest struct {
-	Release int       `json:"release"`
-	User    string    `json:"user"`
-	At      time.Time `json:"at"`
-	Via     string    `json:"via,omitempty"` // the command: "builds:cancel" (also when empty) or "apps:unlock"
-}
-
 // ErrNoApp is returned (wrapped) for an app without state.
 var ErrNoApp = errors.New("no such app")
 
@@ -506,65 +485,6 @@ func (s *Store) NewBuild(app string, b *Build) (int, error) {
 		return writeJSON(s.buildPath(app, b.Number), b)
 	})
 	return b.Number, err
-}
-
-func (s *Store) queuePath(app string) string { return filepath.Join(s.appDir(app), "queue.json") }
-
-// Enqueue makes e app's queued push, replacing an older one (its waiter learns from Queued).
-// When a newer push is queued already, e is not queued and that one is returned.
-func (s *Store) Enqueue(app string, e QueueEntry) (newer *QueueEntry, err error) {
-	err = s.lockApp(app, func() error {
-		cur, err := s.Queued(app)
-		if err != nil {
-			return err
-		}
-		if cur != nil && cur.Release > e.Release {
-			newer = cur
-			return nil
-		}
-		return writeJSON(s.queuePath(app), e)
-	})
-	return newer, err
-}
-
-// Queued returns app's queued push, nil when none.
-func (s *Store) Queued(app string) (*QueueEntry, error) {
-	var e QueueEntry
-	err := readJSON(s.queuePath(app), &e)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	return &e, nil
-}
-
-// Dequeue removes app's queued push if it is release's.
-func (s *Store) Dequeue(app string, release int) error {
-	return s.lockApp(app, func() error {
-		cur, err := s.Queued(app)
-		if err != nil || cur == nil || cur.Release != release {
-			return err
-		}
-		return os.Remove(s.queuePath(app))
-	})
-}
-
-func (s *Store) cancelPath(app string) string { return filepath.Join(s.appDir(app), "cancel.json") }
-
-// RequestCancel asks whichever process runs release r of app to cancel its build.
-func (s *Store) RequestCancel(app string, c CancelRequest) error {
-	return writeJSON(s.cancelPath(app), c)
-}
-
-// CancelRequested returns the cancel request for release n of app, nil when there is none.
-func (s *Store) CancelRequested(app string, n int) *CancelRequest {
-	var c CancelRequest
-	if err := readJSON(s.cancelPath(app), &c); err != nil || c.Release != n {
-		return nil
-	}
-	return &c
 }
 
 func (s *Store) buildPath(app string, n int) string {
