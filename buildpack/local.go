@@ -14,7 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
+	"kpush.dev/kpush/internal/names"
 	"kpush.dev/kpush/internal/sandbox"
 	"kpush.dev/kpush/internal/tools"
 )
@@ -33,12 +33,6 @@ const PlatformAPI = "0.14"
 // goEnvPassThrough are the host's `go env` settings handed to buildpacks (as platform env
 // files) when Local.GoEnv is nil, so module downloads use the same proxy as the host.
 var goEnvPassThrough = []string{"GOPROXY", "GONOPROXY", "GOPRIVATE", "GOSUMDB", "GONOSUMDB", "GOINSECURE"}
-
-// appName is a DNS-1035 label: what Request.App must be (it names a cache directory).
-var appName = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
-
-// envName is what a build-time environment variable may be called.
-var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Local builds on this machine: it runs the CNB lifecycle's five phases (Platform API 0.14)
 // the way kpack's build Pods do — analyze, detect, restore, build, export — each in a
@@ -245,14 +239,14 @@ func (l *Local) Buildpacks() ([]GroupEntry, error) {
 }
 
 func validateRequest(req Request) error {
-	if !appName.MatchString(req.App) {
+	if !names.IsApp(req.App) {
 		return fmt.Errorf("app name %q is not a DNS-1035 label (lower-case letters, digits, '-')", req.App)
 	}
 	if fi, err := os.Stat(req.SourceDir); err != nil || !fi.IsDir() {
 		return fmt.Errorf("source directory %q is not a directory", req.SourceDir)
 	}
 	for k := range req.Env {
-		if !envName.MatchString(k) {
+		if !names.IsEnv(k) {
 			return fmt.Errorf("build environment variable name %q is invalid (letters, digits, '_')", k)
 		}
 	}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/gofrs/flock"
+
+	"kpush.dev/kpush/internal/names"
 )
 
 // lockRetry is how often a build waiting for another process's build of the same app tries
@@ -105,7 +107,7 @@ var buildDirName = regexp.MustCompile(`^(.+)-[0-9]{8}-[0-9]{6}-[0-9a-f]{6}$`)
 // buildDirApp returns the app of a per-build directory name.
 func buildDirApp(name string) (string, bool) {
 	m := buildDirName.FindStringSubmatch(name)
-	if m == nil || !appName.MatchString(m[1]) {
+	if m == nil || !names.IsApp(m[1]) {
 		return "", false
 	}
 	return m[1], true
@@ -115,7 +117,7 @@ func buildDirApp(name string) (string, bool) {
 // per-build directory a crashed build left. It waits (up to a minute) for a running build of
 // app. It implements receiver.AppForgetter, for apps:destroy.
 func (l *Local) ForgetApp(app string) error {
-	if !appName.MatchString(app) {
+	if !names.IsApp(app) {
 		return fmt.Errorf("app name %q is not a DNS-1035 label", app)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

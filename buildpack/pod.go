@@ -11,6 +11,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"kpush.dev/kpush/internal/names"
 )
 
 // DefaultBuilderImage is the CNB builder image build Pods run in when PodSpec.BuilderImage is
@@ -170,7 +172,7 @@ func BuildPod(s PodSpec) (*corev1.Pod, error) {
 	envJSON := "{}"
 	if len(s.Env) > 0 {
 		for k := range s.Env {
-			if !envName.MatchString(k) {
+			if !names.IsEnv(k) {
 				return nil, fmt.Errorf("build pod: build environment variable name %q is invalid", k)
 			}
 		}

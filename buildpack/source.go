@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"kpush.dev/kpush/internal/archive"
+	"kpush.dev/kpush/internal/names"
 )
 
 // DefaultSourceTTL is how long a SourceServer token stays valid when SourceServer.TTL is zero.
@@ -312,7 +313,7 @@ func WritePlatformEnv(platformDir, envJSON string) error {
 		return fmt.Errorf("parsing %s: %w", PlatformEnvEnv, err)
 	}
 	for k, v := range env {
-		if !envName.MatchString(k) {
+		if !names.IsEnv(k) {
 			return fmt.Errorf("writing platform env: variable name %q is invalid", k)
 		}
 		if err := os.WriteFile(filepath.Join(dir, k), []byte(v), 0o644); err != nil {

@@ -3,8 +3,9 @@ package gitserver
 import (
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
+
+	"kpush.dev/kpush/internal/names"
 )
 
 // MaxAppNameLen is the longest app name: a DNS-1035 label has at most 63 characters (RFC 1035
@@ -13,8 +14,6 @@ const MaxAppNameLen = 63
 
 const appNameRule = "app names are DNS-1035 labels: lowercase letters, digits and '-', " +
 	"starting with a letter, ending with a letter or digit, at most 63 characters (e.g. my-app)"
-
-var appNameRE = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
 
 // ValidAppName reports whether name can be an app name: a DNS-1035 label
 // ([a-z]([-a-z0-9]*[a-z0-9])?, at most 63 characters; RFC 1035 section 2.3.1 as Kubernetes
@@ -26,7 +25,7 @@ func ValidAppName(name string) error {
 		return errors.New("app name is empty; " + appNameRule)
 	case len(name) > MaxAppNameLen:
 		return fmt.Errorf("app name %.20q... is %d characters long; %s", name, len(name), appNameRule)
-	case !appNameRE.MatchString(name):
+	case !names.IsApp(name):
 		return fmt.Errorf("invalid app name %q; %s", name, appNameRule)
 	}
 	return nil

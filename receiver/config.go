@@ -5,12 +5,11 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
-)
 
-var envNameRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+	"kpush.dev/kpush/internal/names"
+)
 
 // ValidEnvName checks a run-time config name: a POSIX environment variable name (letters,
 // digits, '_', not starting with a digit), and not PORT or K_*, which the runtimes set
@@ -27,7 +26,7 @@ func ValidEnvName(name string) error {
 
 // ValidBuildEnvName checks a build-time env name: a POSIX environment variable name.
 func ValidBuildEnvName(name string) error {
-	if !envNameRE.MatchString(name) {
+	if !names.IsEnv(name) {
 		return userErrorf("invalid variable name %q: names are letters, digits and '_', not starting with a digit", name)
 	}
 	return nil

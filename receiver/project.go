@@ -19,6 +19,7 @@ import (
 	"github.com/go-git/go-git/v5/plumbing/format/gitignore"
 
 	"kpush.dev/kpush/buildpack"
+	"kpush.dev/kpush/internal/names"
 )
 
 // ProjectFile is the project descriptor kpush reads at the root of the pushed tree, as pack
@@ -160,7 +161,7 @@ const projectDocs = "https://buildpacks.io/docs/reference/config/project-descrip
 func projectEnv(d types.Descriptor, appEnv map[string]string) (env map[string]string, n int, overridden []string, err error) {
 	env = map[string]string{}
 	for _, e := range d.Build.Env {
-		if !envNameRE.MatchString(e.Name) {
+		if !names.IsEnv(e.Name) {
 			return nil, 0, nil, fmt.Errorf("project.toml: build env name %q is invalid (letters, digits and '_', not starting with a digit)", e.Name)
 		}
 		env[e.Name] = e.Value

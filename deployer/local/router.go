@@ -8,9 +8,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"regexp"
 	"strings"
 	"sync"
+
+	"kpush.dev/kpush/internal/names"
 )
 
 // HostSuffix is the domain every app is served under: app "demo" answers at
@@ -23,9 +24,6 @@ const HostSuffix = ".localhost"
 func URL(app string, routerPort int) string {
 	return fmt.Sprintf("http://%s%s:%d/", app, HostSuffix, routerPort)
 }
-
-// appName is a DNS-1035 label, the shape deployer.Release.App has.
-var appName = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // Router is an http.Handler that sends each request to the app named by its Host header,
 // "<app>.localhost[:port]" (case-insensitive, a trailing dot allowed), through a reverse proxy
@@ -125,7 +123,7 @@ func AppFromHost(host string) (string, bool) {
 	}
 	h = strings.TrimSuffix(strings.ToLower(h), ".")
 	app, ok := strings.CutSuffix(h, HostSuffix)
-	if !ok || !appName.MatchString(app) {
+	if !ok || !names.IsApp(app) {
 		return "", false
 	}
 	return app, true

@@ -28,6 +28,7 @@ import (
 
 	"kpush.dev/kpush/deployer"
 	"kpush.dev/kpush/internal/atomicfile"
+	"kpush.dev/kpush/internal/names"
 	"kpush.dev/kpush/internal/sandbox"
 )
 
@@ -185,7 +186,7 @@ func (rt *Runtime) Deploy(ctx context.Context, r deployer.Release, out io.Writer
 	if out == nil {
 		out = io.Discard
 	}
-	if !appName.MatchString(r.App) {
+	if !names.IsApp(r.App) {
 		return "", fmt.Errorf("app name %q is not a DNS-1035 label (lower-case letters, digits, '-')", r.App)
 	}
 	st, err := rt.state(r.App)
@@ -362,7 +363,7 @@ func (rt *Runtime) Restore(ctx context.Context) error {
 	var errs []error
 	for _, e := range ents {
 		app := e.Name()
-		if !e.IsDir() || !appName.MatchString(app) {
+		if !e.IsDir() || !names.IsApp(app) {
 			continue
 		}
 		cur, err := rt.loadCurrent(app)
@@ -401,24 +402,24 @@ func (rt *Runtime) Restore(ctx context.Context) error {
 
 // Apps lists every app the Runtime knows (running, or with a current.json), sorted by name.
 func (rt *Runtime) Apps() []AppStatus {
-	names := map[string]bool{}
+	known := map[string]bool{}
 	if ents, err := os.ReadDir(filepath.Join(rt.cfg.DataDir, "apps")); err == nil {
 		for _, e := range ents {
-			if e.IsDir() && appName.MatchString(e.Name()) {
+			if e.IsDir() && names.IsApp(e.Name()) {
 				if _, err := os.Stat(filepath.Join(rt.appDir(e.Name()), "current.json")); err == nil {
-					names[e.Name()] = true
+					known[e.Name()] = true
 				}
 			}
 		}
 	}
 	rt.mu.Lock()
 	for n := range rt.apps {
-		names[n] = true
+		known[n] = true
 	}
 	rt.mu.Unlock()
 
 	var out []AppStatus
-	for n := range names {
+	for n := range known {
 		s := AppStatus{Name: n, URL: rt.URL(n), LogFile: filepath.Join(rt.appDir(n), "app.log")}
 		rt.mu.Lock()
 		st := rt.apps[n]
@@ -481,7 +482,7 @@ var _ deployer.Destroyer = (*Runtime)(nil)
 // app log, the extracted images) is removed, so Restore will not start it again. Destroying
 // an unknown app is not an error.
 func (rt *Runtime) Destroy(ctx context.Context, app string) error {
-	if !appName.MatchString(app) {
+	if !names.IsApp(app) {
 		return fmt.Errorf("app name %q is not a DNS-1035 label (lower-case letters, digits, '-')", app)
 	}
 	st, err := rt.state(app)

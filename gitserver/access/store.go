@@ -20,6 +20,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"kpush.dev/kpush/internal/atomicfile"
+	"kpush.dev/kpush/internal/names"
 )
 
 // StateFile is where Open keeps the store, relative to the data dir.
@@ -260,19 +261,18 @@ func grantsOf(st *state, app string) []Grant {
 
 // Names of users and apps are DNS-1035 labels, like app names in gitserver: lowercase letters,
 // digits and '-', starting with a letter, ending with a letter or digit, at most 63 characters.
-var labelRE = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`)
 
 // ValidUserName returns nil when name can be a user name (a DNS-1035 label, as app names),
 // else an error for people that states the rule.
 func ValidUserName(name string) error {
-	if !labelRE.MatchString(name) {
+	if !names.IsApp(name) {
 		return fmt.Errorf("invalid user name %q: user names are lowercase letters, digits and '-', starting with a letter, at most 63 characters (e.g. alice)", name)
 	}
 	return nil
 }
 
 func validApp(app string) error {
-	if !labelRE.MatchString(app) {
+	if !names.IsApp(app) {
 		return fmt.Errorf("invalid app name %q: app names are lowercase letters, digits and '-', starting with a letter, at most 63 characters (e.g. my-app)", app)
 	}
 	return nil
