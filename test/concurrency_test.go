@@ -209,7 +209,7 @@ func checkRepo(t *testing.T, dataDir, app string, want []string) {
 	}
 }
 
-// TestDevConcurrentPushes is must-show 1: ten clones push ten different commits to one app at
+// TestDevConcurrentPushes: ten clones push ten different commits to one app at
 // once over SSH. Each pusher gets an exit status that matches its message; the app's current
 // release is the last one released and serves its commit; every pushed commit stays
 // reachable by a release ref; the repository passes git fsck --strict.
@@ -319,7 +319,7 @@ func watchBodies(routerAddr, url string, stop <-chan struct{}) <-chan map[string
 	return ch
 }
 
-// TestDevSlowBuildNeverDeploysStale is must-show 3 in dev mode: a slow build of commit A
+// TestDevSlowBuildNeverDeploysStale, in dev mode: a slow build of commit A
 // starts before a fast push of B. B queues behind A and says so; when A's build ends, B is
 // newer, so A is not deployed ("superseded by v…") and B is. Throughout, the app never
 // serves A's page.
@@ -396,7 +396,7 @@ func (s *server) killHard(t *testing.T) {
 	<-s.exited
 }
 
-// TestDevLeaseOfKilledServerExpires is must-show 4: kpush is killed with SIGKILL while a
+// TestDevLeaseOfKilledServerExpires: kpush is killed with SIGKILL while a
 // push holds the app's lease; restarted on the same data dir, a new push does not wait for
 // the dead holder's lease (its pid is gone from this host) and succeeds.
 func TestDevLeaseOfKilledServerExpires(t *testing.T) {

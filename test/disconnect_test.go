@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Builds outlive a pusher who disconnects (issue 4), unless the push asked for
+// Builds outlive a pusher who disconnects, unless the push asked for
 // cancel-on-disconnect. The gate buildpack holds the build while the test kills the git
 // client, so the disconnect happens mid-build, not by luck of timing.
 

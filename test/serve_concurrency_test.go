@@ -13,7 +13,7 @@ import (
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 )
 
-// TestServeTwoReplicasConcurrency is must-shows 2 and 5, with 1 and 3 in a compact form: two
+// TestServeTwoReplicasConcurrency: two
 // `kpush serve` processes share one data dir and one envtest kube-apiserver (the app lease is
 // a coordination.k8s.io Lease there; knativetest.StandIn marks Services Ready), and pushes and
 // commands are split between them.

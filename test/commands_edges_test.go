@@ -8,12 +8,12 @@ import (
 	"testing"
 )
 
-// TestDevFirstUse covers what a first use of `kpush dev` showed: `ssh -t` works, a bare
+// TestDevCommandEdges: `ssh -t` works, a bare
 // ssh is pointed at help, help for an unknown command fails, apps:create prints the real
 // remote, an app's crash output quoting a config value is hidden from readers, a first deploy
 // does not claim a previous release keeps serving, apps:destroy takes the build cache along,
 // and a killed server's build directories are gone after its restart.
-func TestDevFirstUse(t *testing.T) {
+func TestDevCommandEdges(t *testing.T) {
 	g := newGate(t)
 	s, _, env := devServer(t, "--buildpack", filepath.Join("testdata", "buildpacks", "gate"))
 	data := dataDirOf(s)

@@ -17,7 +17,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 )
 
-// TestDevDayTwo covers what a day-two trial found, end to end against `kpush dev`:
+// TestDevBuildStatesAndHiddenValues, end to end against `kpush dev`:
 //   - a build-env value unset after a build stays hidden from readers in that build's log;
 //   - a push to refs/kpush/* is not reported as stored;
 //   - a running build shows "building"; when a newer push queues behind it, it is cancelled
@@ -27,7 +27,7 @@ import (
 //   - apps:unlock names the build it frees, and that build's pusher is told who ran it;
 //   - the registry refuses to show the app's images without kpush's login;
 //   - apps:destroy deletes the app's images from the registry and says so.
-func TestDevDayTwo(t *testing.T) {
+func TestDevBuildStatesAndHiddenValues(t *testing.T) {
 	g := newGate(t)
 	probe, _ := filepath.Abs(filepath.Join("testdata", "buildpacks", "probe"))
 	gateBP, _ := filepath.Abs(filepath.Join("testdata", "buildpacks", "gate"))
