@@ -1,4 +1,8 @@
-package receiver
+// Package state keeps kpush's app state — app records, releases, builds, the queued push and
+// cancel requests — as JSON files in the data dir, each written atomically, every
+// read-modify-write of an app under a per-app file lock, so several kpush processes may share
+// a data dir. The receiver (the push pipeline and the app operations) is its user.
+package state
 
 import (
 	"context"
@@ -578,8 +582,8 @@ func writeJSON(path string, v any) error {
 	return nil
 }
 
-// cloneEnv copies m (nil for an empty map).
-func cloneEnv(m map[string]string) map[string]string {
+// CloneEnv copies an environment, nil when it is empty.
+func CloneEnv(m map[string]string) map[string]string {
 	if len(m) == 0 {
 		return nil
 	}
