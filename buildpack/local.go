@@ -187,6 +187,11 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 	for _, ph := range phases(image, previous, l.InsecureRegistries) {
 		pt := time.Now()
 		fmt.Fprintln(stdout, ph.header)
+		if ph.name == "restorer" {
+			if err := giveRestorer(build, ids); err != nil {
+				return Result{}, &Error{Kind: ErrLifecycle, Msg: "preparing the restore phase failed", ExitCode: 0, Err: err}
+			}
+		}
 		runErr := box.run(ctx, ph)
 		stdout.Flush()
 		stderr.Flush()
@@ -194,6 +199,13 @@ func (l *Local) Build(ctx context.Context, req Request, out io.Writer) (Result, 
 			log.Warn("writing build output", "err", sink.werr)
 		}
 		log.Debug("lifecycle phase finished", "phase", ph.name, "duration", time.Since(pt), "err", runErr)
+		if runErr == nil && ph.name == "restorer" {
+			if err := takeRestored(build); err != nil {
+				log.Warn("restore phase tampered with analyzed.toml", "err", err)
+				return Result{}, &Error{Kind: ErrBuild, Msg: "the build changed which images the export uses; a buildpack of this app tried to base it on another image, and kpush refused",
+					Hint: "check the buildpacks this app runs (project.toml, --buildpack)", ExitCode: 0, Err: err}
+			}
+		}
 		if runErr == nil && (ph.name == "analyzer" || ph.name == "restorer") {
 			if err := publishAnalyzed(build); err != nil {
 				return Result{}, &Error{Kind: ErrLifecycle, Msg: "the lifecycle's " + ph.name + " left no readable analyzed.toml", ExitCode: 0, Err: err}

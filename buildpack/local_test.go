@@ -646,3 +646,38 @@ func TestBuildpackCannotChooseTheExportsRunImage(t *testing.T) {
 		t.Errorf("the image's lifecycle metadata names another run image: %s", md)
 	}
 }
+
+// The restorer writes cached layers back through symlinks buildpack code planted in /layers:
+// a cached layer holding an analyzed.toml, restored through a symlink at the layer's path onto
+// the restorer's control directory, must not change the images the export uses.
+func TestBuildpackCannotSwapAnalyzedThroughTheRestorer(t *testing.T) {
+	h := newHarness(t)
+	evil := `[run-image]\n  reference = "127.0.0.1:1/victim@sha256:` + strings.Repeat("ab", 32) + `"\n  image = "127.0.0.1:1/victim"\n`
+	hostile := writeTree(t, map[string]string{
+		"buildpack.toml": "api = \"0.10\"\n[buildpack]\nid = \"test/hostile\"\nversion = \"0.0.1\"\n[[targets]]\nos = \"linux\"\n",
+		// On the second push, the layer's path leads to the restorer's control directory.
+		"bin/detect": "#!/bin/sh\nif [ -f plant ]; then mkdir -p /layers/test_hostile && ln -sfn /kpush /layers/test_hostile/x; fi\nexit 0\n",
+		// The first push caches a layer that holds the analyzed.toml of the attacker's choice.
+		"bin/build": "#!/bin/sh\n[ -f plant ] && exit 0\nmkdir -p \"$1/x\"\nprintf '[types]\\ncache = true\\n' > \"$1/x.toml\"\nprintf '" + evil + "' > \"$1/x/analyzed.toml\"\n",
+	})
+	h.local.ExtraBuildpacks = []fs.FS{os.DirFS(hostile)}
+	h.local.Order = []Group{{{ID: ProcfileID}, {ID: "test/hostile"}}}
+	src := writeTree(t, map[string]string{"Procfile": "web: sleep 1000\n"})
+	first, out, err := h.build(t, "hostile", src, nil)
+	if err != nil {
+		t.Fatalf("first build: %v\n%s", err, out)
+	}
+	if err := os.WriteFile(filepath.Join(src, "plant"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, out, err := h.buildReq(t, Request{App: "hostile", SourceDir: src, Image: h.reg + "/kpush/hostile", PreviousImage: first.Image})
+	if err == nil {
+		ref, _ := name.ParseReference(res.Image)
+		img, _ := remote.Image(ref)
+		cf, _ := img.ConfigFile()
+		t.Fatalf("the second build was exported (metadata %s):\n%s", cf.Config.Labels["io.buildpacks.lifecycle.metadata"], out)
+	}
+	if !errors.Is(err, ErrBuild) || !strings.Contains(err.Error(), "another image") {
+		t.Fatalf("second build: %v, want the refusal of the changed images\n%s", err, out)
+	}
+}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/BurntSushi/toml"
+
 	"kpush.dev/kpush/internal/sandbox"
 )
 
@@ -47,14 +49,16 @@ func (l *Local) prepare(build, cacheDir, source, runImage string, order []Group,
 	if err := writeEtc(build); err != nil {
 		return err
 	}
-	if err := os.Mkdir(filepath.Join(build, "control"), 0o700); err != nil {
-		return err
+	for _, d := range []string{"control", "restore"} {
+		if err := os.Mkdir(filepath.Join(build, d), 0o700); err != nil {
+			return err
+		}
 	}
 	if err := os.WriteFile(filepath.Join(build, "analyzed.toml"), nil, 0o644); err != nil {
 		return err
 	}
 	uid, gid := int(ids.Host(CNBUserID)), int(ids.Host(CNBGroupID))
-	for _, d := range []string{"home", "layers", "control"} {
+	for _, d := range []string{"home", "layers", "control", "restore"} {
 		if err := os.Lchown(filepath.Join(build, d), uid, gid); err != nil {
 			return err
 		}
@@ -197,11 +201,17 @@ func (b *buildSandbox) spec(ph phase) sandbox.Spec {
 		sandbox.Mount{Source: b.launcher, Dest: "/cnb/lifecycle/launcher"},
 		sandbox.Mount{Source: filepath.Join(b.build, "layers"), Dest: "/layers", Writable: true},
 	)
-	if ph.registry {
+	switch {
+	case ph.name == "restorer":
+		// The restorer writes restored cache layers into /layers, through whatever symlinks
+		// buildpack code left there: it gets a copy of analyzed.toml of its own, which kpush
+		// checks against analyze's before the export sees it (takeRestored).
+		m = append(m, sandbox.Mount{Source: filepath.Join(b.build, "restore"), Dest: controlDir, Writable: true})
+	case ph.registry:
 		// analyzed.toml (the run and previous image the export uses) and report.toml (the
 		// digest kpush deploys) live where no phase that runs buildpack code can write.
 		m = append(m, sandbox.Mount{Source: filepath.Join(b.build, "control"), Dest: controlDir, Writable: true})
-	} else {
+	default:
 		m = append(m, sandbox.Mount{Source: filepath.Join(b.build, "analyzed.toml"), Dest: controlDir + "/analyzed.toml"})
 	}
 	if ph.name != "analyzer" && ph.name != "restorer" {
@@ -276,7 +286,13 @@ const maxControlFile = 1 << 20
 // readControlFile returns the regular file name of the build's control directory, never
 // following a symlink, at most maxControlFile bytes.
 func readControlFile(build, name string) ([]byte, error) {
-	root, err := os.OpenRoot(filepath.Join(build, "control"))
+	return readBuildFile(build, "control", name)
+}
+
+// readBuildFile returns the regular file dir/name of the build directory, never following a
+// symlink, never blocking on a FIFO, at most maxControlFile bytes.
+func readBuildFile(build, dir, name string) ([]byte, error) {
+	root, err := os.OpenRoot(filepath.Join(build, dir))
 	if err != nil {
 		return nil, err
 	}
@@ -286,11 +302,14 @@ func readControlFile(build, name string) ([]byte, error) {
 	} else if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("%s is not a regular file (%s)", name, fi.Mode().Type())
 	}
-	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", name)
+	}
 	b, err := io.ReadAll(io.LimitReader(f, maxControlFile+1))
 	if err != nil {
 		return nil, err
@@ -310,4 +329,64 @@ func publishAnalyzed(build string) error {
 	}
 	// Rewritten in place: it is the source of a bind mount the next phase makes.
 	return os.WriteFile(filepath.Join(build, "analyzed.toml"), b, 0o644)
+}
+
+// giveRestorer copies analyze's analyzed.toml into the restorer's own directory, owned by the
+// CNB user (the restorer rewrites it).
+func giveRestorer(build string, ids sandbox.IDRange) error {
+	b, err := readControlFile(build, "analyzed.toml")
+	if err != nil {
+		return fmt.Errorf("reading analyzed.toml: %w", err)
+	}
+	p := filepath.Join(build, "restore", "analyzed.toml")
+	if err := os.WriteFile(p, b, 0o644); err != nil {
+		return err
+	}
+	return os.Lchown(p, int(ids.Host(CNBUserID)), int(ids.Host(CNBGroupID)))
+}
+
+// takeRestored accepts the restorer's analyzed.toml into the control directory (for the
+// export) if it names the same run image and previous image as analyze's: the restorer
+// writes through symlinks buildpack code planted in /layers, so what it wrote is checked.
+func takeRestored(build string) error {
+	restored, err := readBuildFile(build, "restore", "analyzed.toml")
+	if err != nil {
+		return fmt.Errorf("reading the restorer's analyzed.toml: %w", err)
+	}
+	analyzed, err := readControlFile(build, "analyzed.toml")
+	if err != nil {
+		return fmt.Errorf("reading analyzed.toml: %w", err)
+	}
+	a, err := imagesOf(analyzed)
+	if err != nil {
+		return fmt.Errorf("analyze's analyzed.toml: %w", err)
+	}
+	r, err := imagesOf(restored)
+	if err != nil {
+		return fmt.Errorf("the restorer's analyzed.toml: %w", err)
+	}
+	if a != r {
+		return fmt.Errorf("the restore phase changed the images of analyzed.toml (run image %q, previous image %q; analyze found %q, %q)",
+			r.run, r.previous, a.run, a.previous)
+	}
+	return os.WriteFile(filepath.Join(build, "control", "analyzed.toml"), restored, 0o644)
+}
+
+// analyzedImages are the images an analyzed.toml bases the export on.
+type analyzedImages struct{ run, previous string }
+
+func imagesOf(b []byte) (analyzedImages, error) {
+	var md struct {
+		Image struct {
+			Reference string `toml:"reference"`
+		} `toml:"image"`
+		RunImage struct {
+			Reference string `toml:"reference"`
+			Image     string `toml:"image"`
+		} `toml:"run-image"`
+	}
+	if _, err := toml.Decode(string(b), &md); err != nil {
+		return analyzedImages{}, err
+	}
+	return analyzedImages{run: md.RunImage.Reference + " " + md.RunImage.Image, previous: md.Image.Reference}, nil
 }

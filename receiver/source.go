@@ -73,11 +73,18 @@ func archive(ctx context.Context, gitDir string, gitEnv []string, rev, dst strin
 		return fmt.Errorf("starting git archive: %w", err)
 	}
 	xerr := intarchive.Extract(ctx, stdout, dst, intarchive.Options{MaxBytes: intarchive.SourceMaxBytes})
-	io.Copy(io.Discard, stdout)
+	if xerr != nil {
+		// A refused or oversized tree: stop git rather than read the rest (a small push can
+		// describe an endless one).
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return xerr
+	}
+	io.Copy(io.Discard, stdout) // the tar stream's trailing padding
 	if err := cmd.Wait(); err != nil {
 		return fmt.Errorf("git archive %s: %w: %s", rev, err, strings.TrimSpace(stderr.String()))
 	}
-	return xerr
+	return nil
 }
 
 // keepSource makes rel's commit reachable for good in the bare repository dir, as

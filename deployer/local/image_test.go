@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"kpush.dev/kpush/internal/sandbox"
 )
@@ -150,5 +151,27 @@ func TestBuildEnv(t *testing.T) {
 		if got := buildEnv(tt.image, tt.rel, 8080, "/home/x"); !reflect.DeepEqual(got, tt.want) {
 			t.Errorf("%s: buildEnv = %q, want %q", tt.name, got, tt.want)
 		}
+	}
+}
+
+// An app can turn its image's /etc/passwd into a FIFO; reading the image user must not wait
+// on it (kpush would hang at the next start).
+func TestResolveUserDoesNotBlockOnAFIFO(t *testing.T) {
+	rootfs := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(rootfs, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(rootfs, "etc", "passwd"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := resolveUser("cnb", rootfs); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a user was found in a FIFO")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("resolveUser blocked on a FIFO at /etc/passwd")
 	}
 }

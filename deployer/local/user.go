@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // identity is who the app runs as inside the sandbox.
@@ -83,14 +84,15 @@ func resolveUser(user, rootfs string) (identity, error) {
 
 // readColonFile reads a passwd/group style file of the rootfs through an os.Root, so no
 // symlink (of /etc or of the file) leads outside it, and only a regular file of at most 1 MiB
-// counts (a missing or unreadable file is empty).
+// counts, opened without blocking (a missing, unreadable or special file is empty).
 func readColonFile(rootfs, name string) [][]string {
 	root, err := os.OpenRoot(rootfs)
 	if err != nil {
 		return nil
 	}
 	defer root.Close()
-	f, err := root.Open(name)
+	// Non-blocking: the app can make it a FIFO, and kpush must not wait on one.
+	f, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil
 	}

@@ -35,6 +35,8 @@ type plan struct {
 	// MaxProcs, if not 0, is RLIMIT_NPROC: the uid's processes and threads, counted in the
 	// user namespaces it creates too.
 	MaxProcs uint64
+	// Files is how many descriptors from firstExtraFD the program is given.
+	Files int
 	// Tun gives the program a /dev/net/tun it may open (a node of its own, owned by UID:GID),
 	// for slirp4netns where the host's is root's alone.
 	Tun bool
@@ -139,6 +141,11 @@ func launch(args []string) error {
 	if os.Getppid() != p.Parent { // it died before the parent-death signal was set again
 		return fmt.Errorf("kpush exited")
 	}
+	// Nothing kpush itself inherited reaches the program: every descriptor past the ones it
+	// is given closes on exec.
+	if err := unix.CloseRange(uint(firstExtraFD+p.Files), ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+		return fmt.Errorf("close_range: %w", err)
+	}
 	// The kernel opens the executable before it closes close-on-exec descriptors.
 	unix.CloseOnExec(exeFD)
 	args = append([]string{p.Name}, args[1:]...)
@@ -152,7 +159,7 @@ func launch(args []string) error {
 // command has started (closeFiles). It is started in a private mount namespace
 // of its own, in a process group of its own, and dies with kpush.
 func launcher(p plan, exe string, argv []string, files []*os.File) (*exec.Cmd, error) {
-	p.Name, p.Parent = argv[0], os.Getpid()
+	p.Name, p.Parent, p.Files = argv[0], os.Getpid(), len(files)
 	planJSON, err := json.Marshal(p)
 	if err != nil {
 		return nil, err

@@ -258,7 +258,9 @@ func Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 	if !spec.NoProc {
 		a = append(a, "--proc", "/proc")
 	}
-	a = append(a, "--dev", "/dev")
+	// bwrap's /dev and a tmpfs root are tmpfs the sandbox user owns, of no set size: /dev/shm
+	// gets a capped tmpfs of its own, and /dev (and a tmpfs root) turn read-only at the end.
+	a = append(a, "--dev", "/dev", "--perms", "1777", "--size", strconv.Itoa(DefaultTmpfsSize/8), "--tmpfs", "/dev/shm")
 	a = append(a, "--clearenv")
 	for _, kv := range spec.Env {
 		k, v, ok := strings.Cut(kv, "=")
@@ -266,6 +268,10 @@ func Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 			return nil, fmt.Errorf("sandbox: environment entry %q is not KEY=value", kv)
 		}
 		a = append(a, "--setenv", k, v)
+	}
+	a = append(a, "--remount-ro", "/dev")
+	if spec.Root == "" {
+		a = append(a, "--remount-ro", "/")
 	}
 	a = append(a, "--chdir", orDefault(spec.Dir, "/"))
 

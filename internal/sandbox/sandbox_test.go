@@ -64,7 +64,7 @@ func busyboxRoot(t testing.TB) string {
 	if err := os.WriteFile(filepath.Join(root, "bin", "busybox"), b, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []string{"sh", "id", "cat", "ls", "nc", "ip", "echo", "sleep", "test", "unshare", "mount", "httpd", "grep", "wc", "touch", "true", "seq"} {
+	for _, a := range []string{"sh", "id", "cat", "ls", "nc", "ip", "echo", "sleep", "test", "unshare", "mount", "httpd", "grep", "wc", "touch", "true", "seq", "head"} {
 		if err := os.Symlink("busybox", filepath.Join(root, "bin", a)); err != nil {
 			t.Fatal(err)
 		}
@@ -129,6 +129,12 @@ func TestSandboxKeepsTheHostOut(t *testing.T) {
 	ids := testIDs(t)
 	root := busyboxRoot(t)
 	port, accepted := hostListener(t)
+	// A descriptor kpush inherited without close-on-exec must not reach the sandbox.
+	fd, err := syscall.Open("/dev/null", syscall.O_RDONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
 	for _, network := range []Network{NetNone, NetOutbound} {
 		t.Run(network.String(), func(t *testing.T) {
 			cases := []struct {
@@ -143,6 +149,9 @@ func TestSandboxKeepsTheHostOut(t *testing.T) {
 				{"mount is denied", `! mount -t tmpfs none /tmp`},
 				{"no new user namespace", `! unshare -U -r true`},
 				{"no host files", `test ! -e /root && test ! -e /etc/shadow && test ! -e /home`},
+				{"/dev read-only", `! touch /dev/x 2>/dev/null`},
+				{"/dev/shm capped", `! head -c 70000000 /dev/zero > /dev/shm/x 2>/dev/null`},
+				{"only stdio descriptors", `n=0; for f in /proc/self/fd/*; do n=$((n+1)); done; test $n -le 4`},
 			}
 			for _, c := range cases {
 				out, err := sh(t, Spec{Root: root, HostIDs: ids, UID: 1000, GID: 1000, Network: network}, c.script)
