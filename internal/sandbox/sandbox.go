@@ -6,14 +6,15 @@
 //
 // kpush itself runs as root. A sandbox is started in three steps:
 //
-//  1. kpush opens every host path the sandbox is given (an O_PATH descriptor each) and starts
-//     its own executable again as the launcher (argv[0] launcherName) in a private mount
-//     namespace.
-//  2. The launcher, still root but only in its own mount namespace, mounts a tmpfs over
-//     stageDir and binds each descriptor onto stageDir/<n>, so the sandbox user can reach
-//     them even where their host path is not searchable by it (the default data dir is under
-//     /root). Then it drops to the sandbox's host uid and gid (HostIDs.Base + UID/GID, no
-//     supplementary groups) and executes bubblewrap.
+//  1. kpush starts its own executable again as the launcher (argv[0] launcherName) in a
+//     private mount namespace, handing it the plan (host paths to stage, host ids) on a pipe.
+//  2. The launcher, still root but only in its own mount namespace, clones each path as a
+//     detached mount (open_tree), mounts a tmpfs over stageDir and moves each onto
+//     stageDir/<n>, so the sandbox user can reach them even where their host path is not
+//     searchable by it (the default data dir is under /root). It caps the uid's processes
+//     (RLIMIT_NPROC), marks every descriptor it was not given close-on-exec, drops to the
+//     sandbox's host uid and gid (HostIDs.Base + UID/GID, no supplementary groups) and
+//     executes bubblewrap.
 //  3. bubblewrap, now unprivileged, creates the namespaces (--unshare-user maps UID to the
 //     host uid and nothing else; --disable-userns forbids nested user namespaces), binds the
 //     staged paths to their places, loads the seccomp filter and runs the command.
