@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"kpush.dev/kpush/internal/term"
 	"kpush.dev/kpush/receiver"
 )
 
@@ -59,13 +60,15 @@ func orEmpty(env map[string]string) map[string]string {
 }
 
 // printEnv prints env as KEY=VALUE lines, sorted, or that app has no vars of this kind.
+// Control characters in a value are shown escaped (term.Sanitize): someone else set it, and it
+// reaches the reader's terminal; --json gives the exact bytes.
 func printEnv(cmd *cobra.Command, app, kind string, env map[string]string) error {
 	if len(env) == 0 {
 		fmt.Fprintf(cmd.OutOrStdout(), "%s has no %s vars\n", app, kind)
 		return nil
 	}
 	for _, k := range slices.Sorted(maps.Keys(env)) {
-		fmt.Fprintf(cmd.OutOrStdout(), "%s=%s\n", k, env[k])
+		fmt.Fprintf(cmd.OutOrStdout(), "%s=%s\n", k, term.Sanitize(env[k]))
 	}
 	return nil
 }

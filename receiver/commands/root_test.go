@@ -56,6 +56,11 @@ func TestRunCommandStatusOutputAndRoles(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	withEscapes := func(t *testing.T, h *Handler) {
+		if _, err := h.Apps.ChangeConfig(context.Background(), "demo", "ann", map[string]string{"T": "a\x1b]0;TITLE\x07b"}, nil, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+	}
 	destroyed := func(t *testing.T, h *Handler) {
 		if err := h.Apps.Destroy(context.Background(), "demo", io.Discard); err != nil {
 			t.Fatal(err)
@@ -80,6 +85,9 @@ func TestRunCommandStatusOutputAndRoles(t *testing.T) {
 		{"ann", []string{"apps", "--json"}, nil, 0, `"name": "demo"`, "", false, true},
 		{"ann", []string{"config:set", "demo", "A=1"}, nil, 0, "no release yet", "", false, false},
 		{"ann", []string{"config", "demo", "--json"}, withConfigA, 0, `"A": "1"`, "", false, true},
+		// A value's control characters reach a terminal escaped; --json keeps them (JSON-escaped).
+		{"ann", []string{"config", "demo"}, withEscapes, 0, `T=a\x1b]0;TITLE\x07b`, "", false, false},
+		{"ann", []string{"config", "demo", "--json"}, withEscapes, 0, `"T": "a\u001b]0;TITLE\u0007b"`, "", false, true},
 		{"ann", []string{"config:set", "demo", "PORT=1"}, nil, 1, "", "PORT is set by the runtime", false, false},
 		{"ann", []string{"config:set", "demo", "A"}, nil, 1, "", `config:set: "A" is not KEY=VALUE`, false, false},
 		{"ann", []string{"build-env:set", "demo", "BP=2"}, nil, 0, "Set BP for the next build", "", false, false},
