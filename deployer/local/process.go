@@ -296,13 +296,3 @@ func (t *tailBuffer) String() string {
 	}
 	return b.String()
 }
-
-// freePort asks the kernel for a free loopback TCP port.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}

@@ -395,3 +395,13 @@ func lastLines(p string, offset int64, n int) string {
 	}
 	return "  " + strings.Join(lines, "\n  ") + "\n"
 }
+
+// freePort asks the kernel for a free loopback TCP port.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

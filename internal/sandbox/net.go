@@ -25,8 +25,9 @@ func slirp4netnsPath() (string, error) {
 // namespace userns) and waits until the namespace's tap0 is configured: 10.0.2.100/24,
 // gateway 10.0.2.2, DNS 10.0.2.3. It runs as the sandbox's own unprivileged host uid and gid
 // (joining the sandbox's user namespace only to set up the tap device), with its seccomp
-// filter, and refuses connections to the host's loopback (--disable-host-loopback), so the sandbox reaches what the host
-// reaches except the host's 127.0.0.1 services. done is the sandbox's exit.
+// filter, and refuses connections to the host's loopback (--disable-host-loopback), so the
+// sandbox reaches what the host reaches except the host's 127.0.0.1 services. done is the
+// sandbox's exit.
 func startSlirp(bin string, netns, userns *os.File, uid, gid uint32, done <-chan struct{}) (*slirp, error) {
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
