@@ -107,9 +107,19 @@ func (p *Pipeline) Info(app string) (*AppInfo, error) {
 	return info, nil
 }
 
-func (p *Pipeline) repoDir(app string) (string, bool) {
+// repository is app's git repository, if it has one.
+func (p *Pipeline) repository(app string) (*gitserver.Repository, bool) {
 	if p.Repos == nil {
-		return "", false
+		return nil, false
 	}
-	return p.Repos.RepoDir(app)
+	dir, ok := p.Repos.RepoDir(app)
+	if !ok {
+		return nil, false
+	}
+	repo, err := gitserver.OpenRepository(dir)
+	if err != nil {
+		p.logger().Error("opening the app's repository", "app", app, "err", err)
+		return nil, false
+	}
+	return repo, true
 }

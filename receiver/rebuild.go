@@ -14,7 +14,7 @@ func (p *Pipeline) Rebuild(ctx context.Context, app, user, rev string, out io.Wr
 	if err != nil {
 		return nil, err
 	}
-	dir, ok := p.repoDir(app)
+	repo, ok := p.repository(app)
 	if !ok {
 		return nil, userErrorf("app %s has no repository to build from; git push to it first", app)
 	}
@@ -26,7 +26,7 @@ func (p *Pipeline) Rebuild(ctx context.Context, app, user, rev string, out io.Wr
 	} else if n, err := ParseVersion(rev); err == nil && strings.HasPrefix(rev, "v") {
 		rev = ReleaseRef(n)
 	}
-	commit, err := resolveCommit(ctx, dir, rev)
+	commit, err := repo.Resolve(ctx, rev)
 	if err != nil {
 		return nil, &Error{Msg: err.Error()}
 	}
@@ -38,7 +38,7 @@ func (p *Pipeline) Rebuild(ctx context.Context, app, user, rev string, out io.Wr
 		return nil, p.internal(app, "recording the release", err)
 	}
 	log := p.logger().With("app", app, "user", user, "release", rel.Version, "kind", rel.Kind, "commit", commit)
-	if err := p.keepSource(ctx, dir, nil, rel); err != nil {
+	if err := keepSource(ctx, repo, rel); err != nil {
 		log.Warn("keeping the release's source", "err", err)
 	}
 	l, err := p.holdBuild(ctx, log, app, rel, out)
@@ -51,7 +51,7 @@ func (p *Pipeline) Rebuild(ctx context.Context, app, user, rev string, out io.Wr
 		return rel, p.fail(log, app, rel, nil, nil, err.Error())
 	}
 	fmt.Fprintf(out, "-----> Rebuilding %s at %s (%s), release v%d\n", app, rev, short(commit), rel.Version)
-	if err := p.buildAndDeploy(ctx, log, a, rel, l, false, dir, nil, out); err != nil {
+	if err := p.buildAndDeploy(ctx, log, a, rel, l, false, repo, out); err != nil {
 		return rel, &Error{Msg: fmt.Sprintf("v%d failed: %v", rel.Version, err)}
 	}
 	return rel, nil

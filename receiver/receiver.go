@@ -12,7 +12,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -122,7 +121,11 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 	log := p.logger().With("push_id", push.ID, "app", push.App, "user", push.User)
 	result := ops.PushRejected
 	defer func() { p.Metrics.PushFinished(result) }()
-	branch, err := deployBranch(push.Dir)
+	repo, err := push.Repository()
+	var branch string
+	if err == nil {
+		branch, err = repo.Head()
+	}
 	if err != nil {
 		log.Error("reading deploy branch", "err", err)
 		p.Metrics.Failure(ops.StageInternal)
@@ -169,7 +172,7 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 		return failf(out, push, "cannot record the release; the server log has details")
 	}
 	log = log.With("release", rel.Version, "commit", deploy.New)
-	if err := p.keepSource(ctx, push.Dir, push.GitEnv, rel); err != nil {
+	if err := keepSource(ctx, repo, rel); err != nil {
 		log.Error("keeping the release's source", "err", err)
 		p.Metrics.Failure(ops.StageSource)
 		p.fail(log, a.Name, rel, nil, nil, "cannot keep the pushed source")
@@ -179,7 +182,7 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 		branchName, short(deploy.New), push.App, push.User, rel.Version)
 	// A push made on a stale base is refused at once (git would refuse its ref update), but
 	// only now: like every push, its commit is kept at its release ref.
-	if err := p.checkBase(push.Dir, branch, deploy.Old); err != nil {
+	if err := p.checkBase(repo, branch, deploy.Old); err != nil {
 		p.fail(log, a.Name, rel, nil, nil, "not built: the branch had moved since the push was made")
 		return failf(out, push, "%v", err)
 	}
@@ -203,7 +206,7 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 	defer func() {
 		finish := func() {
 			if deployed && push.Done != nil {
-				p.moveBranch(log, push.Dir, branch, deploy.Old, deploy.New)
+				p.moveBranch(log, repo, branch, deploy.Old, deploy.New)
 			}
 			if err := l.Release(context.Background()); err != nil {
 				log.Warn("releasing the app's lease", "err", err)
@@ -217,7 +220,7 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 	}()
 	// Another push may have moved the branch while this one waited; building now would
 	// deploy a commit whose ref update git is about to refuse.
-	if err := p.checkBase(push.Dir, branch, deploy.Old); err != nil {
+	if err := p.checkBase(repo, branch, deploy.Old); err != nil {
 		result = ops.PushSuperseded
 		p.fail(log, a.Name, rel, nil, nil, "the branch moved while v"+fmt.Sprint(rel.Version)+" was queued")
 		return failf(out, push, "%v", err)
@@ -232,7 +235,7 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 	fmt.Fprintf(out, "-----> Building %s from %s (%s), pushed by %s, release v%d\n",
 		push.App, branchName, short(deploy.New), push.User, rel.Version)
 	cancelOnDisconnect := slices.Contains(push.Options, OptionCancelOnDisconnect)
-	if err := p.buildAndDeploy(ctx, log, a, rel, l, cancelOnDisconnect, push.Dir, push.GitEnv, out); err != nil {
+	if err := p.buildAndDeploy(ctx, log, a, rel, l, cancelOnDisconnect, repo, out); err != nil {
 		if _, ok := errors.AsType[*supersededError](err); ok {
 			result = ops.PushSuperseded
 		}
@@ -246,10 +249,10 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 
 // checkBase fails, for people, when branch of the bare repository dir is not at old (the
 // value the push was made on).
-func (p *Pipeline) checkBase(dir, branch, old string) error {
-	cur, err := refValue(dir, branch)
+func (p *Pipeline) checkBase(repo *gitserver.Repository, branch, old string) error {
+	cur, err := repo.Ref(branch)
 	if err != nil {
-		p.logger().Error("reading deploy branch", "dir", dir, "err", err)
+		p.logger().Error("reading deploy branch", "dir", repo.Dir(), "err", err)
 		return errors.New("cannot read the app's repository")
 	}
 	if cur != old {
@@ -262,17 +265,15 @@ func (p *Pipeline) checkBase(dir, branch, old string) error {
 // moveBranch makes sure branch is at new after git receive-pack has exited: when the pusher
 // disconnected after the build was decided, git was killed before it could move the ref, and
 // the branch is moved here from old, so that ref, image and traffic still move together.
-func (p *Pipeline) moveBranch(log *slog.Logger, dir, branch, old, new string) {
-	cur, err := refValue(dir, branch)
+func (p *Pipeline) moveBranch(log *slog.Logger, repo *gitserver.Repository, branch, old, new string) {
+	cur, err := repo.Ref(branch)
 	switch {
 	case err != nil:
 		log.Error("reading deploy branch after the push", "err", err)
 	case cur == new:
 	case cur == old:
-		cmd := exec.Command("git", "--git-dir="+dir, "update-ref", "-m", "kpush: deployed after the pusher disconnected", branch, new, old)
-		cmd.Env = cleanGitEnv()
-		if b, err := cmd.CombinedOutput(); err != nil {
-			log.Error("moving the deploy branch to the deployed commit", "err", err, "output", strings.TrimSpace(string(b)))
+		if err := repo.UpdateRef(context.Background(), branch, new, old, "kpush: deployed after the pusher disconnected"); err != nil {
+			log.Error("moving the deploy branch to the deployed commit", "err", err)
 			return
 		}
 		log.Info("moved the deploy branch to the deployed commit: the pusher had disconnected", "ref", branch, "commit", new)
@@ -315,13 +316,12 @@ func (p *Pipeline) ensureApp(app, user, branch string, grant bool) (*App, error)
 	return a, nil
 }
 
-// buildAndDeploy builds rel.Commit of the repository gitDir (gitEnv: the push's quarantine,
-// nil outside a push) with the app's build env, then deploys it as release rel with the
+// buildAndDeploy builds rel.Commit of repo (seeing the push's quarantine during a push) with the app's build env, then deploys it as release rel with the
 // app's config as it is then. l is the app's build lease, held by the caller. The build
 // outlives ctx (the pusher going away) unless cancelOnDisconnect; losing l or builds:cancel
 // stops it. Everything written to out from here on also goes to the build log. The returned
 // error is phrased for people; the release and build records say how it ended.
-func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App, rel *Release, l *lease.Lease, cancelOnDisconnect bool, gitDir string, gitEnv []string, out io.Writer) error {
+func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App, rel *Release, l *lease.Lease, cancelOnDisconnect bool, repo *gitserver.Repository, out io.Writer) error {
 	end := p.Inflight.Begin()
 	defer end()
 	start := time.Now()
@@ -367,7 +367,7 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 		return p.fail(log, a.Name, rel, b, logw, "cannot prepare the build")
 	}
 	defer os.RemoveAll(src)
-	if err := archive(bctx, gitDir, gitEnv, rel.Commit, src); err != nil {
+	if err := repo.Archive(bctx, rel.Commit, src); err != nil {
 		log.Error("extracting source tree", "err", err)
 		p.Metrics.Failure(ops.StageSource)
 		reason := fmt.Sprintf("cannot read commit %s", short(rel.Commit))

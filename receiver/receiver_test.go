@@ -80,23 +80,6 @@ func run(t *testing.T, dir string, name string, args ...string) string {
 	return string(out)
 }
 
-func TestArchive(t *testing.T) {
-	bare, commit := repo(t, map[string]string{"go.mod": "module x\n", "cmd/x/main.go": "package main\n"})
-	dst := t.TempDir()
-	if err := archive(context.Background(), bare, nil, commit, dst); err != nil {
-		t.Fatal(err)
-	}
-	for name, want := range map[string]string{"go.mod": "module x\n", "cmd/x/main.go": "package main\n"} {
-		got, err := os.ReadFile(filepath.Join(dst, name))
-		if err != nil || string(got) != want {
-			t.Errorf("%s = %q, %v; want %q", name, got, err, want)
-		}
-	}
-	if err := archive(context.Background(), bare, nil, strings.Repeat("1", 40), t.TempDir()); err == nil {
-		t.Error("archive of a missing commit succeeded")
-	}
-}
-
 type builderFunc func(context.Context, buildpack.Request, io.Writer) (buildpack.Result, error)
 
 func (f builderFunc) Build(ctx context.Context, r buildpack.Request, out io.Writer) (buildpack.Result, error) {

@@ -52,11 +52,11 @@ func (p *Pipeline) ReleaseInfo(app string, n int) (*Release, error) {
 // HasReleaseRef reports whether release n of app has its source kept at its release ref
 // (refs/kpush/releases/vN) in the app's repository.
 func (p *Pipeline) HasReleaseRef(app string, n int) bool {
-	dir, ok := p.repoDir(app)
+	repo, ok := p.repository(app)
 	if !ok {
 		return false
 	}
-	v, err := refValue(dir, ReleaseRef(n))
+	v, err := repo.Ref(ReleaseRef(n))
 	return err == nil && v != gitserver.ZeroID
 }
 
@@ -82,8 +82,8 @@ func (p *Pipeline) release(ctx context.Context, a *App, rel *Release, out io.Wri
 		return nil, p.internal(a.Name, "recording the release", err)
 	}
 	log := p.logger().With("app", a.Name, "user", rel.User, "release", rel.Version, "kind", rel.Kind)
-	if dir, ok := p.repoDir(a.Name); ok && rel.Commit != "" {
-		if err := p.keepSource(ctx, dir, nil, rel); err != nil {
+	if repo, ok := p.repository(a.Name); ok && rel.Commit != "" {
+		if err := keepSource(ctx, repo, rel); err != nil {
 			log.Warn("keeping the release's source", "err", err)
 		}
 	}

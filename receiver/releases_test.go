@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -187,46 +186,5 @@ func TestReleaseSemantics(t *testing.T) {
 	}
 	if bs, _ := p.Builds("demo"); len(bs) != 3 || bs[0].Status != StatusFailed || bs[0].Release != 6 {
 		t.Errorf("builds = %+v", bs)
-	}
-}
-
-// TestKeepSourceFromQuarantine keeps a commit that exists only in a quarantine directory, as
-// in a pre-receive hook, and finds it at its release ref after the quarantine is gone.
-func TestKeepSourceFromQuarantine(t *testing.T) {
-	dir := t.TempDir()
-	bare := filepath.Join(dir, "app.git")
-	work := filepath.Join(dir, "work")
-	run(t, "", "git", "init", "-q", "--bare", bare)
-	run(t, "", "git", "init", "-q", work)
-	if err := os.WriteFile(filepath.Join(work, "f"), []byte("x"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	run(t, work, "git", "add", "-A")
-	run(t, work, "git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "c")
-	commit := strings.TrimSpace(run(t, work, "git", "rev-parse", "HEAD"))
-	q := filepath.Join(bare, "objects", "incoming-test")
-	if err := os.MkdirAll(filepath.Join(q, "pack"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := fmt.Sprintf("git rev-list --objects HEAD | git pack-objects -q %s/pack/pack", q)
-	run(t, work, "sh", "-c", cmd)
-
-	p := &Pipeline{}
-	rel := &Release{Version: 7, Commit: commit}
-	env := []string{"GIT_QUARANTINE_PATH=" + q, "GIT_OBJECT_DIRECTORY=" + q, "GIT_ALTERNATE_OBJECT_DIRECTORIES=" + filepath.Join(bare, "objects")}
-	if err := p.keepSource(context.Background(), bare, env, rel); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.RemoveAll(q); err != nil { // git drops a rejected push's quarantine
-		t.Fatal(err)
-	}
-	if got := strings.TrimSpace(run(t, bare, "git", "rev-parse", "refs/kpush/releases/v7")); got != commit {
-		t.Errorf("refs/kpush/releases/v7 = %s, want %s", got, commit)
-	}
-	run(t, bare, "git", "cat-file", "-e", commit+"^{tree}")
-	run(t, bare, "git", "fsck", "--no-dangling")
-	// The ref is immutable: keeping another commit under v7 fails.
-	if err := p.keepSource(context.Background(), bare, nil, &Release{Version: 7, Commit: strings.Repeat("1", 40)}); err == nil {
-		t.Error("moving refs/kpush/releases/v7 succeeded")
 	}
 }
