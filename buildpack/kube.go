@@ -14,8 +14,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
 )
 
 // Kube builds in the cluster: each build is a Pod (BuildPod) from the CNB builder image, whose
@@ -269,42 +273,47 @@ func containerStatus(p *corev1.Pod, c string) *corev1.ContainerStatus {
 	return nil
 }
 
-// waitPod watches the Pod until cond is true or returns an error, re-establishing the watch
-// when the server closes it.
+// waitPod watches the Pod until cond is true or returns an error (client-go's
+// watchtools.UntilWithSync: an informer that re-lists when the watch breaks or its resource
+// version is too old).
 func (k *Kube) waitPod(ctx context.Context, name string, cond func(*corev1.Pod) (bool, error)) (*corev1.Pod, error) {
 	pods := k.Client.CoreV1().Pods(k.Namespace)
-	for {
-		p, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return nil, &Error{Kind: ErrLifecycle, ExitCode: -1, Msg: "the build pod " + name + " was deleted while the build ran"}
-		}
-		if err != nil {
-			return nil, fmt.Errorf("reading build pod %s: %w", name, err)
-		}
-		if ok, err := cond(p); ok || err != nil {
-			return p, err
-		}
-		w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name, ResourceVersion: p.ResourceVersion})
-		if err != nil {
-			return nil, fmt.Errorf("watching build pod %s: %w", name, err)
-		}
-		for ev := range w.ResultChan() {
-			if ev.Type == watch.Deleted {
-				w.Stop()
-				return nil, &Error{Kind: ErrLifecycle, ExitCode: -1, Msg: "the build pod " + name + " was deleted while the build ran"}
-			}
-			p, ok := ev.Object.(*corev1.Pod)
-			if !ok {
-				break // an error event: re-list
-			}
-			if ok, err := cond(p); ok || err != nil {
-				w.Stop()
-				return p, err
-			}
-		}
-		w.Stop()
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
+	byName := fields.OneTermEqualSelector("metadata.name", name).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = byName
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = byName
+			return pods.Watch(ctx, o)
+		},
 	}
+	deleted := &Error{Kind: ErrLifecycle, ExitCode: -1, Msg: "the build pod " + name + " was deleted while the build ran"}
+	exists := func(store cache.Store) (bool, error) {
+		if _, ok, err := store.GetByKey(k.Namespace + "/" + name); err != nil || !ok {
+			return false, deleted
+		}
+		return false, nil
+	}
+	ev, err := watchtools.UntilWithSync(ctx, lw, &corev1.Pod{}, exists, func(ev watch.Event) (bool, error) {
+		if ev.Type == watch.Deleted {
+			return false, deleted
+		}
+		p, ok := ev.Object.(*corev1.Pod)
+		if !ok {
+			return false, nil
+		}
+		return cond(p)
+	})
+	switch {
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
+	case err != nil && ev != nil:
+		p, _ := ev.Object.(*corev1.Pod)
+		return p, err // cond's verdict, with the Pod it was made on
+	case err != nil:
+		return nil, err
+	}
+	return ev.Object.(*corev1.Pod), nil
 }

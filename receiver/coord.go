@@ -30,12 +30,6 @@ import (
 //     can (deployer.BaseDeployer), writes only the fields it changes, refusing with
 //     deployer.ErrFieldConflict when someone else changed one of them since.
 
-// queuePoll is how often a queued push checks whether a newer one replaced it.
-const queuePoll = 100 * time.Millisecond
-
-// cancelPoll is how often a running build looks for builds:cancel requests.
-const cancelPoll = 250 * time.Millisecond
-
 // supersededError says that a newer release made this one pointless.
 type supersededError struct {
 	Version      int
@@ -152,6 +146,9 @@ func (p *Pipeline) sshHint() string { return gitserver.NewHint(p.Addr, "").Comma
 // with ctx's cause when ctx ends first (the pusher went away): rel then leaves the queue.
 // While it waits it tells out what it waits for.
 func (p *Pipeline) holdBuild(ctx context.Context, log *slog.Logger, app string, rel *Release, out io.Writer) (*lease.Lease, error) {
+	wctx, stopWatching := context.WithCancel(ctx)
+	defer stopWatching()
+	queueChanged := p.Store.Changes(wctx, app) // before queueing: a newer push may replace this one at once
 	newer, err := p.Store.Enqueue(app, QueueEntry{Release: rel.Version, PushID: rel.PushID, User: rel.User,
 		Commit: rel.Commit, Since: time.Now().UTC(), Owner: p.Store.Owner()})
 	if err != nil {
@@ -184,8 +181,6 @@ func (p *Pipeline) holdBuild(ctx context.Context, log *slog.Logger, app string, 
 		})
 		done <- result{l, err}
 	}()
-	tick := time.NewTicker(queuePoll)
-	defer tick.Stop()
 	for {
 		select {
 		case r := <-done:
@@ -220,7 +215,7 @@ func (p *Pipeline) holdBuild(ctx context.Context, log *slog.Logger, app string, 
 				fmt.Fprintf(out, "       v%d would not be deployed after this newer push: its build is cancelled (a deploy in progress finishes)\n", v)
 			}
 			fmt.Fprintf(out, "       a newer push would replace this one in the queue\n")
-		case <-tick.C:
+		case <-queueChanged:
 			q, err := p.Store.Queued(app)
 			if err != nil {
 				log.Warn("reading the queue", "err", err)
@@ -404,8 +399,9 @@ func isCancelled(err error) bool {
 // deployRelease), or — with cancelOnDisconnect — when the pusher disconnects (pusher ends).
 // Every cause is a *cancelledError. It returns when done is closed.
 func (p *Pipeline) watchBuild(app string, rel *Release, l *lease.Lease, pusher context.Context, cancelOnDisconnect bool, building func() bool, cancel context.CancelCauseFunc, done <-chan struct{}) {
-	tick := time.NewTicker(cancelPoll)
-	defer tick.Stop()
+	wctx, stopWatching := context.WithCancel(context.Background())
+	defer stopWatching()
+	changed := p.Store.Changes(wctx, app)
 	var gone <-chan struct{}
 	if cancelOnDisconnect {
 		gone = pusher.Done()
@@ -425,6 +421,26 @@ func (p *Pipeline) watchBuild(app string, rel *Release, l *lease.Lease, pusher c
 			return &cancelledError{msg: fmt.Sprintf("cancelled by %s (builds:cancel)", c.User)}
 		}
 	}
+	check := func() bool { // reports whether it cancelled
+		if err := requested(); err != nil {
+			cancel(err)
+			return true
+		}
+		if building == nil || !building() {
+			return false
+		}
+		if q, err := p.Store.Queued(app); err == nil && q != nil && q.Release > rel.Version {
+			se := &supersededError{Version: q.Release, Commit: q.Commit, User: q.User}
+			p.logger().Info("newer push queued; cancelling the doomed build", "app", app, "release", rel.Version, "by", q.Release)
+			cancel(&cancelledError{se: se, msg: fmt.Sprintf("v%d not deployed: %v; its build was cancelled when v%d queued behind it",
+				rel.Version, se, q.Release)})
+			return true
+		}
+		return false
+	}
+	if check() { // what was asked before the watch began
+		return
+	}
 	for {
 		select {
 		case <-done:
@@ -439,19 +455,8 @@ func (p *Pipeline) watchBuild(app string, rel *Release, l *lease.Lease, pusher c
 		case <-gone:
 			cancel(&cancelledError{msg: "cancelled: the pusher disconnected (push option cancel-on-disconnect)"})
 			return
-		case <-tick.C:
-			if err := requested(); err != nil {
-				cancel(err)
-				return
-			}
-			if building == nil || !building() {
-				continue
-			}
-			if q, err := p.Store.Queued(app); err == nil && q != nil && q.Release > rel.Version {
-				se := &supersededError{Version: q.Release, Commit: q.Commit, User: q.User}
-				p.logger().Info("newer push queued; cancelling the doomed build", "app", app, "release", rel.Version, "by", q.Release)
-				cancel(&cancelledError{se: se, msg: fmt.Sprintf("v%d not deployed: %v; its build was cancelled when v%d queued behind it",
-					rel.Version, se, q.Release)})
+		case <-changed:
+			if check() {
 				return
 			}
 		}

@@ -71,8 +71,8 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // TestQueueSupersedeAndConfigDuringBuild runs the coordination of one app in one process
 // with func adapters for builder and deployer (the real ones run in test/): push A builds
 // slowly; B queues behind it ("queued behind build #…"); C replaces B in the queue (B is told
-// "superseded by v…"); config:set completes while A still builds; when A's build ends, C is
-// newer, so A is not deployed; C deploys with the config set meanwhile, planned on the config
+// "superseded by v…"); A, which would never be deployed after B, is cancelled the moment B
+// queues; config:set completes while A still builds; A is not deployed; C deploys with the config set meanwhile, planned on the config
 // release. builds:cancel stops a build.
 func TestQueueSupersedeAndConfigDuringBuild(t *testing.T) {
 	bare, c0 := repo(t, map[string]string{"Procfile": "web: sleep 1\n"})
@@ -103,7 +103,12 @@ func TestQueueSupersedeAndConfigDuringBuild(t *testing.T) {
 			} else {
 				close(building[which])
 			}
-			if which == "A" || which == "D" {
+			if which == "A" {
+				// A build step slow to stop: the lease stays held after the cancel, so B
+				// waits in the queue and C can replace it there.
+				<-gate
+			}
+			if which == "D" {
 				select {
 				case <-gate:
 				case <-ctx.Done():
@@ -169,7 +174,7 @@ func TestQueueSupersedeAndConfigDuringBuild(t *testing.T) {
 	}
 
 	close(gate)
-	if err := <-doneA; err == nil || !strings.Contains(outA.String(), "v2 not deployed: superseded by v4 ("+c["C"][:7]+" by alice)") {
+	if err := <-doneA; err == nil || !strings.Contains(outA.String(), "v2 not deployed: superseded by v3 ("+c["B"][:7]+" by alice); its build was cancelled when v3 queued behind it") {
 		t.Errorf("A: %v\n%s", err, outA.String())
 	}
 	if err := <-doneC; err != nil {
@@ -186,7 +191,7 @@ func TestQueueSupersedeAndConfigDuringBuild(t *testing.T) {
 	if a.Current != 4 || a.Config.Env["GREETING"] != "hola" {
 		t.Errorf("app = current v%d, config %v; want v4 with GREETING", a.Current, a.Config)
 	}
-	for v, status := range map[int]string{2: StatusFailed, 3: StatusFailed, 4: StatusSucceeded, 5: StatusSucceeded} {
+	for v, status := range map[int]string{2: StatusCancelled, 3: StatusFailed, 4: StatusSucceeded, 5: StatusSucceeded} {
 		if r, err := store.Release("demo", v); err != nil || r.Status != status {
 			t.Errorf("v%d = %+v, %v; want %s", v, r, err, status)
 		}

@@ -32,7 +32,13 @@ type CancelRequest struct {
 	Via     string    `json:"via,omitempty"` // the command: "builds:cancel" (also when empty) or "apps:unlock"
 }
 
-func (s *Store) queuePath(app string) string { return filepath.Join(s.appDir(app), "queue.json") }
+// The files of the queue and of cancel requests in an app's state directory.
+const (
+	queueFile  = "queue.json"
+	cancelFile = "cancel.json"
+)
+
+func (s *Store) queuePath(app string) string { return filepath.Join(s.appDir(app), queueFile) }
 
 // Enqueue makes e app's queued push, replacing an older one (its waiter learns from Queued).
 // When a newer push is queued already, e is not queued and that one is returned.
@@ -48,6 +54,9 @@ func (s *Store) Enqueue(app string, e QueueEntry) (newer *QueueEntry, err error)
 		}
 		return writeJSON(s.queuePath(app), e)
 	})
+	if err == nil && newer == nil {
+		s.notify(app)
+	}
 	return newer, err
 }
 
@@ -71,15 +80,23 @@ func (s *Store) Dequeue(app string, release int) error {
 		if err != nil || cur == nil || cur.Release != release {
 			return err
 		}
-		return os.Remove(s.queuePath(app))
+		if err := os.Remove(s.queuePath(app)); err != nil {
+			return err
+		}
+		s.notify(app)
+		return nil
 	})
 }
 
-func (s *Store) cancelPath(app string) string { return filepath.Join(s.appDir(app), "cancel.json") }
+func (s *Store) cancelPath(app string) string { return filepath.Join(s.appDir(app), cancelFile) }
 
 // RequestCancel asks whichever process runs release r of app to cancel its build.
 func (s *Store) RequestCancel(app string, c CancelRequest) error {
-	return writeJSON(s.cancelPath(app), c)
+	if err := writeJSON(s.cancelPath(app), c); err != nil {
+		return err
+	}
+	s.notify(app)
+	return nil
 }
 
 // CancelRequested returns the cancel request for release n of app, nil when there is none.

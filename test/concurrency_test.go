@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"kpush.dev/kpush/receiver"
 )
 
 // Issue 4: concurrent pushes and config changes never clobber each other. These tests use
@@ -365,17 +367,24 @@ func TestDevSlowBuildNeverDeploysStale(t *testing.T) {
 	checkRepo(t, dataDirOf(s), "static", []string{a, b})
 }
 
-// waitQueued waits until app has a push waiting in its queue
-// (<data>/state/apps/APP/queue.json): the pusher's own output is only read at the end.
+// waitQueued waits until app's newest release is a push waiting for the app's build (pending,
+// no build of its own yet), as `releases --json` shows it: the pusher's own output is only read
+// at the end.
 func waitQueued(t *testing.T, s *server, app string) {
 	t.Helper()
-	path := filepath.Join(dataDirOf(s), "state", "apps", app, "queue.json")
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		if _, err := os.Stat(path); err == nil {
+		rels := releasesOf(t, s, app)
+		newest := rels[0]
+		for _, r := range rels {
+			if r.Version > newest.Version {
+				newest = r
+			}
+		}
+		if newest.Kind == receiver.KindPush && newest.Phase() == "queued" {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no push of %s queued within 1m", app)
+			t.Fatalf("no push of %s queued within 1m: newest release %+v", app, newest)
 		}
 	}
 }

@@ -25,6 +25,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/util/retry"
 	servingv1 "knative.dev/serving/pkg/apis/serving/v1"
 	servingclientset "knative.dev/serving/pkg/client/clientset/versioned"
 
@@ -48,7 +50,8 @@ const (
 	DefaultMaxWriteAttempts = 5
 )
 
-// conflictBackoff is the pause before write attempt n+1 is n times this.
+// conflictBackoff is the pause before the second write attempt after a conflict; it doubles
+// (with jitter) before each one after.
 const conflictBackoff = 50 * time.Millisecond
 
 // Errors returned (wrapped) by Deploy, Apply and WaitReady; test with errors.Is.
@@ -295,13 +298,29 @@ func (d *Deployer) Apply(ctx context.Context, name string, m Mutation) (*serving
 // Service name (a fresh object labelled managed-by=kpush if there is none; an existing one
 // without that label is refused with ErrNotManaged), lets modify change next, a copy of cur,
 // and creates or updates it carrying the resourceVersion it read. An unchanged object is not
-// written. A 409 Conflict or AlreadyExists starts the next attempt from a fresh read, up to
-// WithMaxWriteAttempts in all (then ErrConflict); any other error, including modify's, ends
-// the loop.
+// written. A 409 Conflict or AlreadyExists starts the next attempt from a fresh read
+// (client-go's retry.OnError, backing off from conflictBackoff), up to WithMaxWriteAttempts in
+// all (then ErrConflict); any other error, including modify's, ends the loop.
 func (d *Deployer) write(ctx context.Context, name string, modify func(cur, next *servingv1.Service, exists bool, attempt int) error) (*servingv1.Service, Change, error) {
 	services := d.cs.ServingV1().Services(d.ns)
 	log := d.log.With("app", name)
-	for attempt := 1; ; attempt++ {
+	var (
+		written  *servingv1.Service
+		change   Change
+		attempt  int
+		writeErr error // the last attempt's failed create or update
+	)
+	isConflict := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) }
+	conflicting := func(err error) bool {
+		if err != writeErr || !isConflict(err) || ctx.Err() != nil {
+			return false
+		}
+		log.Warn("conflicting write, retrying from a fresh read", "attempt", attempt, "max_attempts", d.maxAttempts, "err", err)
+		return true
+	}
+	backoff := wait.Backoff{Steps: d.maxAttempts, Duration: conflictBackoff, Factor: 2, Jitter: 0.2}
+	err := retry.OnError(backoff, conflicting, func() error {
+		attempt++
 		cur, err := services.Get(ctx, name, metav1.GetOptions{})
 		exists := true
 		switch {
@@ -311,44 +330,39 @@ func (d *Deployer) write(ctx context.Context, name string, modify func(cur, next
 				Name: name, Namespace: d.ns, Labels: map[string]string{LabelManagedBy: ManagedBy},
 			}}
 		case err != nil:
-			return nil, "", fmt.Errorf("reading Knative Service %s/%s: %w", d.ns, name, err)
+			return fmt.Errorf("reading Knative Service %s/%s: %w", d.ns, name, err)
 		case cur.Labels[LabelManagedBy] != ManagedBy:
-			return nil, "", fmt.Errorf("%w: Knative Service %s in namespace %s exists and was not created by kpush (label %s=%s missing); kpush will not take it over: delete it with `kubectl delete ksvc %s -n %s`, or push under another app name",
+			return fmt.Errorf("%w: Knative Service %s in namespace %s exists and was not created by kpush (label %s=%s missing); kpush will not take it over: delete it with `kubectl delete ksvc %s -n %s`, or push under another app name",
 				ErrNotManaged, name, d.ns, LabelManagedBy, ManagedBy, name, d.ns)
 		}
 		next := cur.DeepCopy()
 		if err := modify(cur, next, exists, attempt); err != nil {
-			return nil, "", err
+			return err
 		}
-		var (
-			written *servingv1.Service
-			change  Change
-		)
 		switch {
 		case !exists:
 			written, err = services.Create(ctx, next, metav1.CreateOptions{FieldManager: ManagedBy})
 			change = Created
 		case equality.Semantic.DeepEqual(cur, next):
-			return cur, Unchanged, nil
+			written, change = cur, Unchanged
+			return nil
 		default:
 			written, err = services.Update(ctx, next, metav1.UpdateOptions{FieldManager: ManagedBy})
 			change = Updated
 		}
-		if err == nil {
-			return written, change, nil
-		}
-		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-			return nil, "", fmt.Errorf("writing Knative Service %s/%s: %w", d.ns, name, err)
-		}
-		log.Warn("conflicting write, retrying from a fresh read", "attempt", attempt, "max_attempts", d.maxAttempts, "err", err)
-		if attempt >= d.maxAttempts {
-			return nil, "", fmt.Errorf("%w: Knative Service %s/%s changed under kpush %d times in a row; try again: %w",
-				ErrConflict, d.ns, name, attempt, err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil, "", fmt.Errorf("writing Knative Service %s/%s: %w", d.ns, name, ctx.Err())
-		case <-time.After(time.Duration(attempt) * conflictBackoff):
-		}
+		writeErr = err
+		return err
+	})
+	switch {
+	case err == nil:
+		return written, change, nil
+	case err != writeErr: // reading, refusing, modify's
+		return nil, "", err
+	case ctx.Err() != nil:
+		return nil, "", fmt.Errorf("writing Knative Service %s/%s: %w", d.ns, name, ctx.Err())
+	case isConflict(err):
+		return nil, "", fmt.Errorf("%w: Knative Service %s/%s changed under kpush %d times in a row; try again: %w",
+			ErrConflict, d.ns, name, attempt, err)
 	}
+	return nil, "", fmt.Errorf("writing Knative Service %s/%s: %w", d.ns, name, err)
 }
