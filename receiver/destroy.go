@@ -64,12 +64,15 @@ func (p *Pipeline) Destroy(ctx context.Context, app string, out io.Writer) error
 	}
 	if p.Registry != "" {
 		repo := p.Registry + "/" + app
-		n, err := p.deleteImages(ctx, repo, images)
+		n, err := p.deleteImagesHeld(ctx, repo, images)
 		switch {
 		case err != nil:
 			fmt.Fprintf(out, "Could not delete the images of %s from the registry (%s); the server log has details\n", app, repo)
 		case n == 0:
 			fmt.Fprintf(out, "No images of %s left in the registry (%s)\n", app, repo)
+		case p.RegistryGC != nil:
+			fmt.Fprintf(out, "Deleted %d image manifests of %s from the registry (%s); their layers are freed as soon as no build is using the registry\n", n, app, repo)
+			p.RegistryGC.CollectGarbage()
 		default:
 			fmt.Fprintf(out, "Deleted %d image manifests of %s from the registry (%s); the registry frees their layers at its next garbage collection\n", n, app, repo)
 		}
@@ -149,4 +152,18 @@ func (p *Pipeline) deleteImages(ctx context.Context, repo string, digests []stri
 		}
 	}
 	return n, firstErr
+}
+
+// deleteImagesHeld is deleteImages with the registry held (RegistryGC), so that a garbage
+// collection does not stop the registry under the deletes.
+func (p *Pipeline) deleteImagesHeld(ctx context.Context, repo string, digests []string) (int, error) {
+	if p.RegistryGC != nil {
+		release, err := p.RegistryGC.Hold(ctx)
+		if err != nil {
+			p.logger().Error("holding the registry to delete images", "repository", repo, "err", err)
+			return 0, err
+		}
+		defer release()
+	}
+	return p.deleteImages(ctx, repo, digests)
 }

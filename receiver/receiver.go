@@ -58,8 +58,8 @@ type Authorizer interface {
 type Pipeline struct {
 	Builder  Builder
 	Deployer deployer.Deployer
-	// Store keeps apps, releases and builds. Required.
-	Store *Store
+	// Store keeps apps, releases, builds and the queue (a *Store from OpenStore). Required.
+	Store AppState
 	// Leases hands out the per-app build lease (lease.NewKube for several replicas,
 	// lease.NewFile for processes sharing a data dir). Nil: lease.NewLocal, this process only.
 	Leases lease.Locker
@@ -75,6 +75,9 @@ type Pipeline struct {
 	// RegistryOptions authenticate to Registry when apps:destroy deletes an app's images
 	// (e.g. remote.WithAuth). Nil: the default keychain (~/.docker/config.json).
 	RegistryOptions []remote.Option
+	// RegistryGC, when kpush runs the registry itself (dev mode), is held by every build and
+	// deploy and collects the garbage apps:destroy leaves. Nil: the registry's own business.
+	RegistryGC RegistryCollector
 	// WorkDir holds the build contexts (one fresh directory per build, removed afterwards).
 	// Empty means os.TempDir().
 	WorkDir string
@@ -359,6 +362,15 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 		out, logw = &tee{out: out, log: logf}, logf
 	}
 	fmt.Fprintf(out, "-----> Build #%d of %s (%s) for v%d\n", b.Number, a.Name, short(rel.Commit), rel.Version)
+	releaseRegistry, err := p.preflight(bctx, log, a.Name)
+	if err != nil {
+		p.Metrics.Failure(ops.StageBuild)
+		return p.fail(log, a.Name, rel, b, logw, err.Error())
+	}
+	defer releaseRegistry()
+	prog := newProgress(out, "building", progressQuiet) // a line at least every 15 s of silence
+	defer prog.Stop()
+	out = prog
 
 	src, err := os.MkdirTemp(p.WorkDir, "kpush-src-"+a.Name+"-")
 	if err != nil {
@@ -376,6 +388,10 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 			reason = fmt.Sprintf("commit %s was not extracted: %v", short(rel.Commit), err)
 		}
 		return p.fail(log, a.Name, rel, b, logw, reason)
+	}
+	if err := p.checkTree(log, src, out); err != nil { // LFS pointers are refused, submodules listed
+		p.Metrics.Failure(ops.StageSource)
+		return p.fail(log, a.Name, rel, b, logw, err.Error())
 	}
 	proj, err := p.project(log, src, a.BuildEnv, out)
 	if err != nil {
@@ -422,6 +438,7 @@ func (p *Pipeline) buildAndDeploy(ctx context.Context, log *slog.Logger, a *App,
 	}
 	rel.Image = res.Image
 	building.Store(false)
+	prog.Phase("deploying")
 	return p.deployRelease(bctx, log, a.Name, rel, start, out, logw, func(a *App, _ *Release) error {
 		// The image is this build's; the config is the app's as it is now, so that a
 		// config change made during the build is kept.

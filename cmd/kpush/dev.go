@@ -114,10 +114,12 @@ Knative, with apps at http://APP.localhost:PORT/ through a built-in router.`,
 				Registry: reg.Addr() + "/kpush",
 				// apps:destroy deletes the app's images with kpush's login.
 				RegistryOptions: []remote.Option{remote.WithAuthFromKeychain(reg.Keychain())},
-				WorkDir:         filepath.Join(c.DataDir, "tmp"),
-				Log:             log,
-				Metrics:         m,
-				Inflight:        inflight,
+				// Builds hold it; apps:destroy has it collect the garbage it leaves.
+				RegistryGC: reg,
+				WorkDir:    filepath.Join(c.DataDir, "tmp"),
+				Log:        log,
+				Metrics:    m,
+				Inflight:   inflight,
 			}
 			if err := os.MkdirAll(p.WorkDir, 0o700); err != nil {
 				return err

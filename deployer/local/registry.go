@@ -54,14 +54,31 @@ type Registry struct {
 	cfg        RegistryConfig
 	addr       string
 	user, pass string
-	cmd        *exec.Cmd
+	bin        string // the registry binary
+	dir        string // <DataDir>/registry
+	confPath   string
+	logPath    string
 	lock       *flock.Flock
 	log        *slog.Logger
 
-	done    chan struct{} // closed when the process exited
-	exitErr error         // read after done
-	closing chan struct{}
-	once    sync.Once
+	mu   sync.Mutex
+	proc *registryProc // the running process; a garbage collection replaces it (gc.go)
+
+	done     chan struct{} // closed when the registry stopped for good: Close, or a process that died
+	exitErr  error         // read after done
+	doneOnce sync.Once
+	closing  chan struct{}
+	once     sync.Once
+
+	gate gcGate // builds and deploys against garbage collection (gc.go)
+}
+
+// registryProc is one run of `registry serve`.
+type registryProc struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when the process exited
+	err    error         // read after exited
+	paused bool          // stopped for a garbage collection, under Registry.mu: its exit is expected
 }
 
 // StartRegistry writes the registry's config and htpasswd, starts `registry serve`
@@ -126,56 +143,95 @@ func StartRegistry(ctx context.Context, cfg RegistryConfig) (*Registry, error) {
 	if err := atomicfile.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return nil, fmt.Errorf("writing registry config: %w", err)
 	}
-	logPath := filepath.Join(dir, "registry.log")
-	// 0600: it lists every app's image digests, which pull those images.
-	logf, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	r := &Registry{
+		cfg: cfg, addr: addr, user: user, pass: pass, bin: bin, dir: dir, confPath: confPath,
+		logPath: filepath.Join(dir, "registry.log"), lock: lock, log: cfg.Log,
+		done: make(chan struct{}), closing: make(chan struct{}),
+	}
+	r.gate.changed = make(chan struct{})
+	// Nothing else writes to the storage now (kpush holds the lock and the registry is not
+	// running yet): the moment to free what apps:destroy left while kpush last ran, or what
+	// a build killed with kpush uploaded.
+	if _, err := r.garbageCollect(ctx); err != nil {
+		cfg.Log.Warn("registry garbage collection failed; the registry starts anyway", "err", err, "log", r.logPath)
+	}
+	logStart, err := r.startProcess()
 	if err != nil {
-		return nil, fmt.Errorf("opening registry log: %w", err)
+		return nil, err
 	}
-	if err := logf.Chmod(0o600); err != nil { // one made before
-		logf.Close()
-		return nil, fmt.Errorf("opening registry log: %w", err)
+	if err := r.waitReady(ctx); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("starting registry on %s: %w\nlast log lines:\n%s(full log: %s)",
+			addr, err, lastLines(r.logPath, logStart, 15), r.logPath)
 	}
-	logStart, _ := logf.Seek(0, 2)
+	ok = true
+	return r, nil
+}
 
-	cmd := exec.Command(bin, "serve", confPath)
-	cmd.Dir = dir
-	cmd.Env = []string{
+// startProcess starts `registry serve` as r.proc, its output appended to r.logPath, and
+// returns the log's size before it started. A process that exits without being paused or
+// closed ends the registry (Done, Err).
+func (r *Registry) startProcess() (logStart int64, err error) {
+	// 0600: it lists every app's image digests, which pull those images.
+	logf, err := os.OpenFile(r.logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("opening registry log: %w", err)
+	}
+	defer logf.Close() // the child has its own copy
+	// One made before may be wider.
+	if err := logf.Chmod(0o600); err != nil {
+		return 0, fmt.Errorf("opening registry log: %w", err)
+	}
+	logStart, _ = logf.Seek(0, 2)
+
+	cmd := exec.Command(r.bin, "serve", r.confPath)
+	cmd.Dir = r.dir
+	cmd.Env = registryEnv()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("starting registry: %w", err)
+	}
+	p := &registryProc{cmd: cmd, exited: make(chan struct{})}
+	r.mu.Lock()
+	r.proc = p
+	r.mu.Unlock()
+	go func() {
+		p.err = cmd.Wait()
+		close(p.exited)
+		r.mu.Lock()
+		paused := p.paused
+		r.mu.Unlock()
+		if paused {
+			return
+		}
+		r.stopped(p.err)
+		select {
+		case <-r.closing:
+		default:
+			r.log.Error("registry process exited unexpectedly", "pid", cmd.Process.Pid, "err", p.err,
+				"log", r.logPath)
+		}
+	}()
+	r.log.Info("registry started", "pid", cmd.Process.Pid, "addr", r.addr, "dir", r.dir, "user", r.user)
+	return logStart, nil
+}
+
+// stopped ends the registry for good with err (Done, Err).
+func (r *Registry) stopped(err error) {
+	r.doneOnce.Do(func() {
+		r.exitErr = err
+		close(r.done)
+	})
+}
+
+// registryEnv is the environment of every registry command.
+func registryEnv() []string {
+	return []string{
 		"PATH=" + defaultPath,
 		"OTEL_TRACES_EXPORTER=none", // distribution v3 would otherwise export traces via OTLP
 		"OTEL_SDK_DISABLED=true",
 	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, fmt.Errorf("starting registry: %w", err)
-	}
-	logf.Close() // the child has its own copy
-
-	r := &Registry{
-		cfg: cfg, addr: addr, user: user, pass: pass, cmd: cmd, lock: lock, log: cfg.Log,
-		done: make(chan struct{}), closing: make(chan struct{}),
-	}
-	go func() {
-		r.exitErr = cmd.Wait()
-		close(r.done)
-		select {
-		case <-r.closing:
-		default:
-			r.log.Error("registry process exited unexpectedly", "pid", cmd.Process.Pid, "err", r.exitErr,
-				"log", logPath)
-		}
-	}()
-	cfg.Log.Info("registry started", "pid", cmd.Process.Pid, "addr", addr, "dir", dir, "user", user)
-
-	if err := r.waitReady(ctx); err != nil {
-		r.Close()
-		return nil, fmt.Errorf("starting registry on %s: %w\nlast log lines:\n%s(full log: %s)",
-			addr, err, lastLines(logPath, logStart, 15), logPath)
-	}
-	ok = true
-	return r, nil
 }
 
 // registryPort returns want if set, else the port persisted in dir/port, else a free port,
@@ -276,7 +332,11 @@ func registryConfigYAML(dataDir, addr, secret, htpasswd string) string {
 		"  headers:\n    X-Content-Type-Options: [nosniff]\n"
 }
 
+// waitReady waits until the running process answers GET /v2/ with 200 to kpush's login.
 func (r *Registry) waitReady(ctx context.Context) error {
+	r.mu.Lock()
+	p := r.proc
+	r.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.StartTimeout)
 	defer cancel()
 	c := &http.Client{Timeout: 2 * time.Second}
@@ -290,15 +350,15 @@ func (r *Registry) waitReady(ctx context.Context) error {
 			if resp.StatusCode == http.StatusOK {
 				// Make sure it is our process answering, not another on the same port.
 				select {
-				case <-r.done:
+				case <-p.exited:
 				default:
 					return nil
 				}
 			}
 		}
 		select {
-		case <-r.done:
-			return fmt.Errorf("the registry process exited: %v", r.exitErr)
+		case <-p.exited:
+			return fmt.Errorf("the registry process exited: %v", p.err)
 		case <-ctx.Done():
 			return fmt.Errorf("GET /v2/ with kpush's login did not answer 200 within %s (last: %s)", r.cfg.StartTimeout, last)
 		case <-time.After(100 * time.Millisecond):
@@ -331,10 +391,15 @@ func (k registryKeychain) Resolve(res authn.Resource) (authn.Authenticator, erro
 // Addr returns "127.0.0.1:<port>", the registry host for image references.
 func (r *Registry) Addr() string { return r.addr }
 
-// PID returns the registry process's PID.
-func (r *Registry) PID() int { return r.cmd.Process.Pid }
+// PID returns the PID of the registry process running now (a garbage collection restarts it).
+func (r *Registry) PID() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.proc.cmd.Process.Pid
+}
 
-// Done is closed when the registry process has exited (after Close, or on its own).
+// Done is closed when the registry has stopped for good: after Close, or when its process
+// exited on its own (not when a garbage collection stops and restarts it).
 func (r *Registry) Done() <-chan struct{} { return r.done }
 
 // Err returns nil while the process runs or after Close stopped it, and why it exited when it
@@ -350,27 +415,46 @@ func (r *Registry) Err() error {
 		return nil
 	default:
 	}
-	return fmt.Errorf("registry process exited: %v (see %s)", r.exitErr,
-		filepath.Join(r.cfg.DataDir, "registry", "registry.log"))
+	return fmt.Errorf("registry process exited: %v (see %s)", r.exitErr, r.logPath)
 }
 
-// Close stops the registry: SIGTERM to its PID, SIGKILL after RegistryConfig.StopGrace, then
-// releases the data dir lock. It returns Err() from before the stop.
+// Close stops the registry: it waits for a garbage collection that runs, then sends SIGTERM
+// to the process, SIGKILL after RegistryConfig.StopGrace, and releases the data dir lock. It
+// returns Err() from before the stop.
 func (r *Registry) Close() error {
 	err := r.Err()
 	r.once.Do(func() {
-		close(r.closing)
-		_ = r.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-r.done:
-		case <-time.After(r.cfg.StopGrace):
-			_ = r.cmd.Process.Kill()
-			<-r.done
+		r.mu.Lock()
+		r.gate.closed = true
+		r.gate.broadcast()
+		for r.gate.running {
+			ch := r.gate.changed
+			r.mu.Unlock()
+			<-ch
+			r.mu.Lock()
 		}
+		r.mu.Unlock()
+		close(r.closing)
+		r.mu.Lock()
+		p := r.proc
+		r.mu.Unlock()
+		r.stopProcess(p)
+		r.stopped(nil)
 		r.lock.Unlock()
-		r.log.Info("registry stopped", "pid", r.cmd.Process.Pid)
+		r.log.Info("registry stopped", "pid", p.cmd.Process.Pid)
 	})
 	return err
+}
+
+// stopProcess stops p: SIGTERM, then SIGKILL after RegistryConfig.StopGrace.
+func (r *Registry) stopProcess(p *registryProc) {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(r.cfg.StopGrace):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
 }
 
 func randomHex(n int) string {

@@ -56,7 +56,7 @@ func TestRegistryKeepsImageAcrossRestart(t *testing.T) {
 
 func TestRegistryReportsDeath(t *testing.T) {
 	reg := startTestRegistry(t, t.TempDir())
-	if err := reg.cmd.Process.Kill(); err != nil { // a crash the real registry cannot be asked for
+	if err := reg.proc.cmd.Process.Kill(); err != nil { // a crash the real registry cannot be asked for
 		t.Fatal(err)
 	}
 	<-reg.Done()
