@@ -44,6 +44,13 @@ type Server struct {
 	hookArgv    []string
 	maxPushSize int64
 
+	handshakeTimeout   time.Duration
+	idleTimeout        time.Duration // 0: none
+	maxAuthTries       int
+	keepaliveInterval  time.Duration // 0: no keepalives
+	keepaliveMaxMissed int
+	gate               *gate
+
 	ssh *ssh.Server
 
 	hookOnce sync.Once
@@ -70,6 +77,14 @@ type config struct {
 	log         *slog.Logger
 	hookArgv    []string
 	maxPushSize int64
+
+	handshakeTimeout        time.Duration
+	idleTimeout             time.Duration
+	maxAuthTries            int
+	maxUnauthenticated      int
+	maxUnauthenticatedPerIP int
+	keepaliveInterval       time.Duration
+	keepaliveMaxMissed      int
 }
 
 // WithDataDir sets the directory the server keeps its state in (required): bare repositories
@@ -188,6 +203,78 @@ func WithMaxPushSize(bytes int64) Option {
 	}
 }
 
+// WithHandshakeTimeout sets how long a TCP connection may take from its first byte to a
+// completed SSH authentication before it is closed. Default DefaultHandshakeTimeout (30s).
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d <= 0 {
+			return fmt.Errorf("WithHandshakeTimeout: %s is not a positive duration", d)
+		}
+		c.handshakeTimeout = d
+		return nil
+	}
+}
+
+// WithIdleTimeout closes an authenticated connection when no session data went either way for
+// d; 0 never does. SSH keepalives are not session data. Pushes are not idle while their build
+// runs (git sends keepalive packets in the session's data). Default DefaultIdleTimeout (10m).
+func WithIdleTimeout(d time.Duration) Option {
+	return func(c *config) error {
+		if d < 0 {
+			return fmt.Errorf("WithIdleTimeout: %s is negative (0 turns the idle timeout off)", d)
+		}
+		c.idleTimeout = d
+		return nil
+	}
+}
+
+// WithMaxAuthTries sets how many failed authentication attempts a connection gets before it is
+// closed (every public key a client offers and the server refuses is one). Default
+// DefaultMaxAuthTries (6, as OpenSSH's sshd).
+func WithMaxAuthTries(n int) Option {
+	return func(c *config) error {
+		if err := validLimit("WithMaxAuthTries", "attempts", n); err != nil {
+			return err
+		}
+		c.maxAuthTries = n
+		return nil
+	}
+}
+
+// WithUnauthenticatedLimits caps the connections that have not authenticated yet: total in
+// all, perIP from one source IP address. A connection over either limit is closed at once and
+// logged (Warn, with remote_addr and the limit, at most one line per limit every 10 s).
+// Default DefaultMaxUnauthenticated (64) and DefaultMaxUnauthenticatedPerIP (8).
+func WithUnauthenticatedLimits(total, perIP int) Option {
+	return func(c *config) error {
+		if err := validLimit("WithUnauthenticatedLimits", "total", total); err != nil {
+			return err
+		}
+		if err := validLimit("WithUnauthenticatedLimits", "per IP", perIP); err != nil {
+			return err
+		}
+		c.maxUnauthenticated, c.maxUnauthenticatedPerIP = total, perIP
+		return nil
+	}
+}
+
+// WithKeepalive makes the server send a keepalive@openssh.com request every interval on an
+// authenticated connection and close it when maxMissed intervals passed without an answer (a
+// client gone without a word, e.g. behind a dropped network path); interval 0 sends none.
+// Default DefaultKeepaliveInterval (15s) and DefaultKeepaliveMaxMissed (3).
+func WithKeepalive(interval time.Duration, maxMissed int) Option {
+	return func(c *config) error {
+		if interval < 0 {
+			return fmt.Errorf("WithKeepalive: interval %s is negative (0 sends no keepalives)", interval)
+		}
+		if err := validLimit("WithKeepalive", "unanswered intervals", maxMissed); err != nil {
+			return err
+		}
+		c.keepaliveInterval, c.keepaliveMaxMissed = interval, maxMissed
+		return nil
+	}
+}
+
 // New returns a Server that gives pushes to h. It needs WithDataDir and one of
 // WithAccess, WithAuthorizedKeys or WithAuthenticator. It creates the data directory, the host key (on
 // first start; the same key is used on every later start) and the pre-receive hook, and finds
@@ -196,7 +283,10 @@ func New(h Handler, opts ...Option) (*Server, error) {
 	if h == nil {
 		return nil, errors.New("gitserver.New: nil Handler")
 	}
-	c := config{maxPushSize: DefaultMaxPushSize}
+	c := config{maxPushSize: DefaultMaxPushSize,
+		handshakeTimeout: DefaultHandshakeTimeout, idleTimeout: DefaultIdleTimeout, maxAuthTries: DefaultMaxAuthTries,
+		maxUnauthenticated: DefaultMaxUnauthenticated, maxUnauthenticatedPerIP: DefaultMaxUnauthenticatedPerIP,
+		keepaliveInterval: DefaultKeepaliveInterval, keepaliveMaxMissed: DefaultKeepaliveMaxMissed}
 	for _, o := range opts {
 		if err := o(&c); err != nil {
 			return nil, err
@@ -248,6 +338,13 @@ func New(h Handler, opts ...Option) (*Server, error) {
 		hookArgv:    c.hookArgv,
 		maxPushSize: c.maxPushSize,
 		pushes:      map[string]*pushState{},
+
+		handshakeTimeout:   c.handshakeTimeout,
+		idleTimeout:        c.idleTimeout,
+		maxAuthTries:       c.maxAuthTries,
+		keepaliveInterval:  c.keepaliveInterval,
+		keepaliveMaxMissed: c.keepaliveMaxMissed,
+		gate:               newGate(c.maxUnauthenticated, c.maxUnauthenticatedPerIP),
 	}
 	for _, d := range []string{dataDir, s.reposDir} { // hooksDir: installHook
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -268,8 +365,19 @@ func New(h Handler, opts ...Option) (*Server, error) {
 		PublicKeyHandler: func(ctx ssh.Context, key ssh.PublicKey) bool {
 			return s.authenticate(ctx, key)
 		},
-		ServerConfigCallback: func(ssh.Context) *gossh.ServerConfig {
-			return &gossh.ServerConfig{PublicKeyAuthAlgorithms: pubKeyAuthAlgorithms}
+		// Every connection passes the gate of unauthenticated connections and gets the
+		// handshake deadline (admit); authentication lets it out of both.
+		ConnCallback: s.admit,
+		ServerConfigCallback: func(ctx ssh.Context) *gossh.ServerConfig {
+			cfg := &gossh.ServerConfig{PublicKeyAuthAlgorithms: pubKeyAuthAlgorithms, MaxAuthTries: s.maxAuthTries}
+			if c, ok := ctx.Value(ctxKeyConn{}).(*guardedConn); ok {
+				cfg.AuthLogCallback = func(_ gossh.ConnMetadata, _ string, err error) {
+					if err == nil {
+						c.authenticated(ctx)
+					}
+				}
+			}
+			return cfg
 		},
 		// PTY requests are granted and otherwise ignored: `ssh -t git@host COMMAND` must not
 		// lose the command's output. No terminal is allocated; a command's output gets "\r\n"
@@ -278,7 +386,12 @@ func New(h Handler, opts ...Option) (*Server, error) {
 		// nil Local/ReversePortForwardingCallback: gliderlabs refuses forwarding; the handlers
 		// below also give the refusal a reason and a log line.
 		ChannelHandlers: map[string]ssh.ChannelHandler{
-			"session": s.sessionChannel,
+			"session": func(srv *ssh.Server, conn *gossh.ServerConn, ch gossh.NewChannel, ctx ssh.Context) {
+				if c, ok := ctx.Value(ctxKeyConn{}).(*guardedConn); ok {
+					ch = activeNewChannel{ch, c} // its data keeps the connection from being idle
+				}
+				s.sessionChannel(srv, conn, ch, ctx)
+			},
 			"default": s.rejectChannel,
 		},
 		RequestHandlers: map[string]ssh.RequestHandler{
@@ -386,6 +499,7 @@ func (s *Server) Close() error {
 	s.closed = true
 	s.mu.Unlock()
 	err := s.ssh.Close()
+	s.gate.closeAll()
 	s.hookOnce.Do(func() { s.hookErr = ErrServerClosed })
 	if s.hookSrv != nil {
 		if herr := s.hookSrv.Close(); err == nil {

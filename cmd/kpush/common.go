@@ -39,6 +39,10 @@ type gitConfig struct {
 	PublicAddr string
 	// Grace is how long shutdown lets running pushes and builds finish.
 	Grace time.Duration
+	// SSH connection limits (gitserver.WithHandshakeTimeout, WithIdleTimeout,
+	// WithUnauthenticatedLimits).
+	HandshakeTimeout, IdleTimeout               time.Duration
+	MaxUnauthenticated, MaxUnauthenticatedPerIP int
 }
 
 // flags registers the shared flags; defGrace is the default of --shutdown-grace.
@@ -49,8 +53,14 @@ func (c *gitConfig) flags(fs *pflag.FlagSet, defData, defSSH string, defGrace ti
 	fs.DurationVar(&c.Grace, "shutdown-grace", defGrace, "on SIGTERM, how long running pushes and builds may finish before kpush exits anyway (env KPUSH_SHUTDOWN_GRACE)")
 	fs.StringArrayVar(&c.AuthorizedKeys, "authorized-keys", nil, "OpenSSH public keys file allowed to push; repeatable (env KPUSH_AUTHORIZED_KEYS, ':'-separated)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", lease.DefaultTTL, "how long an app's build lease outlives a server that stopped renewing it (crashed): the longest a dead server blocks pushes (env KPUSH_LEASE_TTL)")
+	fs.DurationVar(&c.HandshakeTimeout, "ssh-handshake-timeout", gitserver.DefaultHandshakeTimeout, "an SSH connection not authenticated this long after it opened is closed (env KPUSH_SSH_HANDSHAKE_TIMEOUT)")
+	fs.DurationVar(&c.IdleTimeout, "ssh-idle-timeout", gitserver.DefaultIdleTimeout, "an SSH connection with no session data either way this long is closed; a push whose build runs is never idle; 0: never (env KPUSH_SSH_IDLE_TIMEOUT)")
+	fs.IntVar(&c.MaxUnauthenticated, "ssh-max-unauthenticated", gitserver.DefaultMaxUnauthenticated, "most SSH connections not authenticated yet at once; more are closed at once (env KPUSH_SSH_MAX_UNAUTHENTICATED)")
+	fs.IntVar(&c.MaxUnauthenticatedPerIP, "ssh-max-unauthenticated-per-ip", gitserver.DefaultMaxUnauthenticatedPerIP, "most SSH connections not authenticated yet from one IP address (env KPUSH_SSH_MAX_UNAUTHENTICATED_PER_IP)")
 	bindEnv(fs, map[string]string{"data": "KPUSH_DATA", "ssh-addr": "KPUSH_SSH_ADDR", "public-addr": "KPUSH_PUBLIC_ADDR",
-		"shutdown-grace": "KPUSH_SHUTDOWN_GRACE", "authorized-keys": "KPUSH_AUTHORIZED_KEYS", "lease-ttl": "KPUSH_LEASE_TTL"})
+		"shutdown-grace": "KPUSH_SHUTDOWN_GRACE", "authorized-keys": "KPUSH_AUTHORIZED_KEYS", "lease-ttl": "KPUSH_LEASE_TTL",
+		"ssh-handshake-timeout": "KPUSH_SSH_HANDSHAKE_TIMEOUT", "ssh-idle-timeout": "KPUSH_SSH_IDLE_TIMEOUT",
+		"ssh-max-unauthenticated": "KPUSH_SSH_MAX_UNAUTHENTICATED", "ssh-max-unauthenticated-per-ip": "KPUSH_SSH_MAX_UNAUTHENTICATED_PER_IP"})
 }
 
 // validate joins every problem, each saying how to fix it.
@@ -67,6 +77,16 @@ func (c *gitConfig) validate() error {
 	}
 	if c.Grace < 0 {
 		errs = append(errs, fmt.Errorf("--shutdown-grace %s: want 0 or more, e.g. 2m", c.Grace))
+	}
+	if c.HandshakeTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--ssh-handshake-timeout %s: want more than 0, e.g. 30s", c.HandshakeTimeout))
+	}
+	if c.IdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--ssh-idle-timeout %s: want 0 (never) or more, e.g. 10m", c.IdleTimeout))
+	}
+	if c.MaxUnauthenticated <= 0 || c.MaxUnauthenticatedPerIP <= 0 {
+		errs = append(errs, fmt.Errorf("--ssh-max-unauthenticated %d, --ssh-max-unauthenticated-per-ip %d: want more than 0, e.g. 64 and 8",
+			c.MaxUnauthenticated, c.MaxUnauthenticatedPerIP))
 	}
 	if c.PublicAddr != "" {
 		if _, _, err := net.SplitHostPort(c.PublicAddr); err != nil {
@@ -117,6 +137,9 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 		gitserver.WithAccess(acc),
 		gitserver.WithCommandHandler(cmds),
 		gitserver.WithLogger(log),
+		gitserver.WithHandshakeTimeout(c.HandshakeTimeout),
+		gitserver.WithIdleTimeout(c.IdleTimeout),
+		gitserver.WithUnauthenticatedLimits(c.MaxUnauthenticated, c.MaxUnauthenticatedPerIP),
 	}
 	if c.PublicAddr != "" {
 		opts = append(opts, gitserver.WithPublicAddr(c.PublicAddr))
