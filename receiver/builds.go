@@ -6,7 +6,7 @@ import (
 	"os"
 	"time"
 
-	"kpush.dev/kpush/receiver/lease"
+	"kpush.dev/kpush/state/lease"
 )
 
 // Builds lists app's builds, newest first.

@@ -11,7 +11,7 @@ import (
 	"kpush.dev/kpush/deployer"
 	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/internal/ops"
-	"kpush.dev/kpush/receiver/lease"
+	"kpush.dev/kpush/state/lease"
 )
 
 // How operations of one app share it (issue 4: concurrent pushes and config changes never

@@ -26,7 +26,7 @@ import (
 	"kpush.dev/kpush/gitserver/access"
 	intarchive "kpush.dev/kpush/internal/archive"
 	"kpush.dev/kpush/internal/ops"
-	"kpush.dev/kpush/receiver/lease"
+	"kpush.dev/kpush/state/lease"
 )
 
 // Repos is the git server's repository store; *gitserver.Server implements it.

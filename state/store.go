@@ -21,7 +21,7 @@ import (
 	"github.com/gofrs/flock"
 
 	"kpush.dev/kpush/internal/atomicfile"
-	"kpush.dev/kpush/receiver/lease"
+	"kpush.dev/kpush/state/lease"
 )
 
 // Release kinds: what caused a release.

@@ -23,7 +23,7 @@ import (
 	"kpush.dev/kpush/internal/sandbox"
 	"kpush.dev/kpush/receiver"
 	"kpush.dev/kpush/receiver/commands"
-	"kpush.dev/kpush/receiver/lease"
+	"kpush.dev/kpush/state/lease"
 )
 
 // gitConfig is what both modes share: where git pushes arrive and who may push.

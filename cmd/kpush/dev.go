@@ -17,7 +17,7 @@ import (
 	"kpush.dev/kpush/deployer/local"
 	"kpush.dev/kpush/internal/ops"
 	"kpush.dev/kpush/receiver"
-	"kpush.dev/kpush/receiver/lease"
+	"kpush.dev/kpush/state/lease"
 )
 
 // devCommand is `kpush dev`: SSH git server, a local registry process, local builds and the

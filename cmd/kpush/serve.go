@@ -25,7 +25,7 @@ import (
 	"kpush.dev/kpush/deployer/knative"
 	"kpush.dev/kpush/internal/ops"
 	"kpush.dev/kpush/receiver"
-	"kpush.dev/kpush/receiver/lease"
+	"kpush.dev/kpush/state/lease"
 )
 
 // serveCommand is `kpush serve`: cluster mode, deploying Knative Services.
