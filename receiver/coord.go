@@ -74,7 +74,7 @@ func (p *Pipeline) newerImageRelease(app string, v int) (*Release, error) {
 		if !changesImage(r.Kind) || r.Status == StatusFailed {
 			continue
 		}
-		if r.Status == StatusPending && !p.Store.OwnerAlive(r.Owner) {
+		if r.Status == StatusPending && !r.Deployed && !p.Store.OwnerAlive(r.Owner) {
 			r.Status, r.Reason = StatusFailed, "interrupted: the server stopped during the release"
 			if err := p.Store.PutRelease(app, r); err != nil {
 				return nil, err
@@ -312,19 +312,29 @@ func (p *Pipeline) deployRelease(ctx context.Context, log *slog.Logger, app stri
 		}
 		return p.fail(log, app, rel, nil, logw, msg)
 	}
-	log.Info("released", "url", url, "duration", time.Since(start), "base", rel.Base)
-	fmt.Fprintf(out, "-----> Released %s v%d (%s) in %s\n", app, rel.Version, short(rel.Commit), time.Since(start).Round(100*time.Millisecond))
-	fmt.Fprintf(out, "       %s\n", url)
-	rel.Status = StatusSucceeded
+	// Recorded before anything is printed: a kpush killed from here on left rel serving, and
+	// its next start records it as succeeded and current (state.OpenStore), as the pusher is
+	// about to be told.
+	rel.Deployed, rel.URL = true, url
 	if err := p.Store.PutRelease(app, rel); err != nil {
 		log.Error("recording release", "err", err)
 	}
+	log.Info("released", "url", url, "duration", time.Since(start), "base", rel.Base)
+	fmt.Fprintf(out, "-----> Released %s v%d (%s) in %s\n", app, rel.Version, short(rel.Commit), time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(out, "       %s\n", url)
+	// The app first, the release's status last: a kpush killed in between left rel pending
+	// and deployed, which its next start records as succeeded (state.OpenStore); the other
+	// way round it would be succeeded but never the app's current release.
 	if _, err := p.Store.UpdateApp(app, func(a *App) error {
 		a.Current, a.URL = rel.Version, url
 		a.Config = Config{Version: rel.ConfigVersion, Env: cloneEnv(rel.Env)}
 		return nil
 	}); err != nil {
 		log.Error("recording app", "err", err)
+	}
+	rel.Status = StatusSucceeded
+	if err := p.Store.PutRelease(app, rel); err != nil {
+		log.Error("recording release", "err", err)
 	}
 	return nil
 }

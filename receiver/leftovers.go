@@ -1,10 +1,13 @@
 package receiver
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"kpush.dev/kpush/gitserver"
 )
 
 // processStart is when this process started, as far as leftovers go: what a build of this
@@ -65,5 +68,75 @@ func (p *Pipeline) RemoveLeftovers() {
 			continue
 		}
 		log.Info("removed a leftover build context", "path", path)
+	}
+}
+
+// RecoverBranches moves each app's deploy branch to the commit of its current release when a
+// killed kpush left it behind: git moves the branch only after the pre-receive hook returned,
+// so a kpush killed after the release went live and before git updated the ref leaves the
+// branch at the commit the push was made on. The branch is moved only from there (the commit
+// of the newest succeeded push before the current release, or absent for a first push), and
+// not while a live process runs a release of the app; the pushed commit is in the repository
+// already (its release ref keeps it). Call it once at start, with Repos set. Problems are
+// logged.
+func (p *Pipeline) RecoverBranches() {
+	log := p.logger()
+	if p.Repos == nil {
+		return
+	}
+	apps, err := p.Store.Apps()
+	if err != nil {
+		log.Warn("listing apps for deploy branches to recover", "err", err)
+		return
+	}
+	for _, a := range apps {
+		if a.Current == 0 || a.DeployBranch == "" {
+			continue
+		}
+		rels, err := p.Store.Releases(a.Name)
+		if err != nil {
+			log.Warn("reading releases for the deploy branch", "app", a.Name, "err", err)
+			continue
+		}
+		var cur *Release
+		old, busy := gitserver.ZeroID, false
+		for _, r := range rels { // newest first
+			switch {
+			case r.Status == StatusPending && p.Store.OwnerAlive(r.Owner):
+				busy = true
+			case r.Version == a.Current:
+				cur = r
+			case cur != nil && r.Kind == KindPush && r.Status == StatusSucceeded && old == gitserver.ZeroID:
+				old = r.Commit
+			}
+		}
+		if busy || cur == nil || cur.Kind != KindPush || cur.Commit == "" {
+			continue // a rollback or config change does not move the branch
+		}
+		dir, ok := p.Repos.RepoDir(a.Name)
+		if !ok {
+			continue
+		}
+		repo, err := gitserver.OpenRepository(dir)
+		if err != nil {
+			log.Warn("opening the repository for the deploy branch", "app", a.Name, "err", err)
+			continue
+		}
+		branch := "refs/heads/" + a.DeployBranch
+		at, err := repo.Ref(branch)
+		if err != nil || at == cur.Commit {
+			continue
+		}
+		if at != old {
+			log.Warn("deploy branch is at another commit than the current release's", "app", a.Name, "ref", branch,
+				"at", at, "release", cur.Version, "commit", cur.Commit)
+			continue
+		}
+		if err := repo.UpdateRef(context.Background(), branch, cur.Commit, old, "kpush: deployed before the server stopped"); err != nil {
+			log.Error("moving the deploy branch to the current release's commit", "app", a.Name, "err", err)
+			continue
+		}
+		log.Info("moved the deploy branch to the current release's commit: the server had stopped before git moved it",
+			"app", a.Name, "ref", branch, "release", cur.Version, "commit", cur.Commit)
 	}
 }

@@ -106,8 +106,13 @@ type Release struct {
 	Base int `json:"base,omitempty"`
 	// DeployAttempted is set once the release was handed to the Deployer: a failed release
 	// with it may have written the Service (e.g. a Knative Service that never became Ready).
-	DeployAttempted bool   `json:"deploy_attempted,omitempty"`
-	PushID          string `json:"push_id,omitempty"` // the push that caused it, for the server log
+	DeployAttempted bool `json:"deploy_attempted,omitempty"`
+	// Deployed is set, with URL, once the Deployer reported the release live, before it is
+	// recorded as succeeded and the app's current release: a kpush killed in between left it
+	// serving, and the next start records it so (OpenStore) rather than as interrupted.
+	Deployed bool   `json:"deployed,omitempty"`
+	URL      string `json:"url,omitempty"`
+	PushID   string `json:"push_id,omitempty"` // the push that caused it, for the server log
 	// Owner is the kpush process (Store.Owner) that runs the release while it is pending; a
 	// pending release whose owner died counts as interrupted. Stored and shown as "server"
 	// (records written before are read from "owner"), not to be confused with App.Owner.
@@ -192,7 +197,9 @@ type Store struct {
 }
 
 // OpenStore opens (creating) the app state under dataDir/state/apps as a new owner (see
-// Owner). Releases and builds left pending by a process that is gone are marked failed.
+// Owner). Releases and builds left pending by a process that is gone are marked failed, but
+// a release the Deployer had already reported live (Release.Deployed) is marked succeeded
+// and made the app's current release: it is what serves.
 func OpenStore(dataDir string) (*Store, error) {
 	dir := filepath.Join(dataDir, "state", "apps")
 	owners := filepath.Join(dataDir, "state", "owners")
@@ -219,18 +226,26 @@ func OpenStore(dataDir string) (*Store, error) {
 	return s, nil
 }
 
-// sweep marks app's pending releases and builds whose owner is gone as failed.
+// sweep marks app's pending releases and builds whose owner is gone as failed, or a release
+// already deployed as succeeded and current.
 func (s *Store) sweep(app string) error {
 	rels, err := s.Releases(app)
 	if err != nil {
 		return err
 	}
 	for _, r := range rels {
-		if r.Status == StatusPending && !s.OwnerAlive(r.Owner) {
-			r.Status, r.Reason = StatusFailed, "interrupted: the server stopped during the release"
-			if err := s.PutRelease(app, r); err != nil {
+		if r.Status != StatusPending || s.OwnerAlive(r.Owner) {
+			continue
+		}
+		if r.Deployed {
+			if err := s.recordDeployed(app, r); err != nil {
 				return err
 			}
+			continue
+		}
+		r.Status, r.Reason = StatusFailed, "interrupted: the server stopped during the release"
+		if err := s.PutRelease(app, r); err != nil {
+			return err
 		}
 	}
 	builds, err := s.Builds(app)
@@ -246,6 +261,26 @@ func (s *Store) sweep(app string) error {
 		}
 	}
 	return nil
+}
+
+// recordDeployed records r, deployed by a process that died before it said so, as succeeded
+// and, unless a newer release serves already, as app's current release with its config.
+func (s *Store) recordDeployed(app string, r *Release) error {
+	r.Status, r.Reason = StatusSucceeded, ""
+	if err := s.PutRelease(app, r); err != nil {
+		return err
+	}
+	_, err := s.UpdateApp(app, func(a *App) error {
+		if a.Current < r.Version {
+			a.Current = r.Version
+			if r.URL != "" {
+				a.URL = r.URL
+			}
+			a.Config = Config{Version: r.ConfigVersion, Env: CloneEnv(r.Env)}
+		}
+		return nil
+	})
+	return err
 }
 
 // Owner is this Store's process identity ("<host>_<pid>_<random>", lease.ProcessIdentity),

@@ -153,6 +153,8 @@ func serveGit(ctx context.Context, c gitConfig, p *receiver.Pipeline, log *slog.
 		return err
 	}
 	p.Repos = srv
+	// Deploy branches a killed kpush did not move to the release it deployed.
+	p.RecoverBranches()
 	if p.Addr == "" { // for hints in messages: remote URLs, "ssh -p PORT git@HOST apps:unlock APP"
 		p.Addr = hint.Addr()
 	}

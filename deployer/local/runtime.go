@@ -286,6 +286,9 @@ func runningHex(cur *Current) string {
 	return ""
 }
 
+// prunedPrefix starts the name of an extraction pruneImages is removing.
+const prunedPrefix = ".pruned-"
+
 // pruneImages removes the app's extracted images (<appDir>/images/<hex>) but keep's: a
 // rollback extracts its image again from the registry.
 func (rt *Runtime) pruneImages(appDir, keep string) {
@@ -297,8 +300,20 @@ func (rt *Runtime) pruneImages(appDir, keep string) {
 		if e.Name() == keep {
 			continue
 		}
-		if err := os.RemoveAll(filepath.Join(appDir, "images", e.Name())); err != nil {
-			rt.log.Warn("removing an old image extraction", "dir", filepath.Join(appDir, "images", e.Name()), "err", err)
+		// Renamed out of the way first: pull takes an images/<hex> that has its config and
+		// rootfs for a whole extraction, and a kpush killed half-way through RemoveAll would
+		// leave one without its files. A name with the prefix is a removal a kill interrupted.
+		dir := filepath.Join(appDir, "images", e.Name())
+		if !strings.HasPrefix(e.Name(), prunedPrefix) {
+			gone := filepath.Join(appDir, "images", prunedPrefix+e.Name())
+			if err := os.Rename(dir, gone); err != nil {
+				rt.log.Warn("removing an old image extraction", "dir", dir, "err", err)
+				continue
+			}
+			dir = gone
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			rt.log.Warn("removing an old image extraction", "dir", dir, "err", err)
 		}
 	}
 }
