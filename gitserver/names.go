@@ -23,10 +23,12 @@ func ValidAppName(name string) error {
 	switch {
 	case name == "":
 		return errors.New("app name is empty; " + appNameRule)
+	// %+q: a name is shown in ASCII, so a look-alike letter (Cyrillic "е" in "dеmo") or a
+	// bidirectional override reads as what it is, not as the valid name it imitates.
 	case len(name) > MaxAppNameLen:
 		return fmt.Errorf("app name %.20q... is %d characters long; %s", name, len(name), appNameRule)
 	case !names.IsApp(name):
-		return fmt.Errorf("invalid app name %q; %s", name, appNameRule)
+		return fmt.Errorf("invalid app name %+q; %s", name, appNameRule)
 	}
 	return nil
 }

@@ -32,13 +32,38 @@ func ValidBuildEnvName(name string) error {
 	return nil
 }
 
+// MaxConfigSize bounds an app's config vars, names and values together (as Heroku does):
+// they become the environment of every app process, which Linux caps (128 KiB for one
+// "NAME=value", a quarter of the stack limit for all with the arguments), and a field of the
+// Knative Service, which etcd keeps under 1.5 MiB with the rest of the object.
+const MaxConfigSize = 64 << 10
+
+func envSize(env map[string]string) int {
+	n := 0
+	for k, v := range env {
+		n += len(k) + len(v)
+	}
+	return n
+}
+
+// validEnvValue refuses a value no environment can hold: one with a NUL byte.
+func validEnvValue(name, value string) error {
+	if strings.IndexByte(value, 0) >= 0 {
+		return userErrorf("the value of %s contains a NUL byte, which no environment variable can hold; nothing was changed", name)
+	}
+	return nil
+}
+
 // ChangeConfig sets and unsets run-time config vars of app. The new config version is
 // deployed with the current release's image as a new release (no build); it becomes the
 // app's config only when that deploy succeeds. An app with no release yet just stores it.
 // It returns the new release, or nil when nothing was deployed.
 func (p *Pipeline) ChangeConfig(ctx context.Context, app, user string, set map[string]string, unset []string, out io.Writer) (*Release, error) {
-	for k := range set {
+	for k, v := range set {
 		if err := ValidEnvName(k); err != nil {
+			return nil, err
+		}
+		if err := validEnvValue(k, v); err != nil {
 			return nil, err
 		}
 	}
@@ -63,6 +88,10 @@ func (p *Pipeline) ChangeConfig(ctx context.Context, app, user string, set map[s
 		return cloneEnv(env)
 	}
 	env := change(a.Config.Env)
+	if n := envSize(env); n > MaxConfigSize {
+		return nil, userErrorf("the config vars of %s would take %d bytes of names and values, over the limit of %d (64 KiB); nothing was changed: "+
+			"keep large data elsewhere (a file in the app, a database) and its location in a config var", app, n, MaxConfigSize)
+	}
 	if maps.Equal(env, cloneEnv(a.Config.Env)) {
 		fmt.Fprintf(out, "-----> Config of %s unchanged (v%d); nothing to release\n", app, a.Config.Version)
 		return nil, nil
@@ -122,8 +151,11 @@ func (p *Pipeline) ChangeConfig(ctx context.Context, app, user string, set map[s
 
 // ChangeBuildEnv sets and unsets build-time env vars of app, for its next builds. No release.
 func (p *Pipeline) ChangeBuildEnv(ctx context.Context, app string, set map[string]string, unset []string) (*App, error) {
-	for k := range set {
+	for k, v := range set {
 		if err := ValidBuildEnvName(k); err != nil {
+			return nil, err
+		}
+		if err := validEnvValue(k, v); err != nil {
 			return nil, err
 		}
 	}

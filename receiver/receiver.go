@@ -26,6 +26,7 @@ import (
 	"kpush.dev/kpush/gitserver/access"
 	intarchive "kpush.dev/kpush/internal/archive"
 	"kpush.dev/kpush/internal/ops"
+	"kpush.dev/kpush/internal/term"
 	"kpush.dev/kpush/state/lease"
 )
 
@@ -107,6 +108,18 @@ func RemoteURL(addr, app string) string { return gitserver.NewHint(addr, "").Rem
 
 var _ gitserver.Handler = (*Pipeline)(nil)
 
+// checkPushOptions refuses push options kpush does not know: a misspelt one would otherwise
+// be ignored without a word, and the push would not do what its pusher asked.
+func checkPushOptions(opts []string) error {
+	for _, o := range opts {
+		if o != OptionCancelOnDisconnect {
+			return userErrorf("unknown push option %.40q (of %d given): kpush knows only %q; push again without -o %.40q",
+				o, len(opts), OptionCancelOnDisconnect, o)
+		}
+	}
+	return nil
+}
+
 // OptionCancelOnDisconnect is the push option (`git push -o cancel-on-disconnect`) that
 // cancels the build when the pusher disconnects; by default it goes on and its result is
 // recorded (builds:output replays its log).
@@ -135,6 +148,10 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 		return failf(out, push, "cannot read the app's repository")
 	}
 
+	if err := checkPushOptions(push.Options); err != nil {
+		log.Info("push refused", "reason", err)
+		return failf(out, push, "%v", err)
+	}
 	var deploy *gitserver.RefUpdate
 	for i, u := range push.Updates {
 		switch {
@@ -144,10 +161,10 @@ func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.
 			// kpush's own refs: git refuses the update right after (the repository denies
 			// them), so it is not reported as stored.
 		case u.New == gitserver.ZeroID:
-			fmt.Fprintf(out, "-----> Deleted %s\n", u.Name)
+			fmt.Fprintf(out, "-----> Deleted %s\n", term.Sanitize(u.Name))
 		default:
 			fmt.Fprintf(out, "-----> Stored %s at %s; deploys come from %s, not building\n",
-				u.Name, short(u.New), strings.TrimPrefix(branch, "refs/heads/"))
+				term.Sanitize(u.Name), short(u.New), term.Sanitize(strings.TrimPrefix(branch, "refs/heads/")))
 		}
 	}
 	if deploy == nil {
