@@ -24,6 +24,9 @@ type Access interface {
 	// SetGrant gives user role on app; the server grants access.RoleAdmin to whoever creates
 	// an app by pushing to it.
 	SetGrant(app, user string, role access.Role) error
+	// RemoveApp drops every grant on app: the server does when a first push ends without
+	// creating the app (dropAbandoned).
+	RemoveApp(app string) error
 }
 
 // pubKeyAuthAlgorithms are the signature algorithms the server accepts for public key
@@ -63,24 +66,38 @@ func (s *Server) identify(sess ssh.Session) bool {
 }
 
 // authorize checks that the session's user holds need on app. When not, it tells the client
-// why (the DeniedError names user, app and role), exits 1 and returns false. Without Access
-// every authenticated user holds every role.
+// why (denial), exits 1 and returns false. Without Access every authenticated user holds every
+// role.
 func (s *Server) authorize(sess ssh.Session, app string, need access.Role) bool {
-	if s.access == nil {
-		return true
-	}
-	user := userFrom(sess.Context())
-	err := s.access.Authorize(user, app, need)
+	err := s.denial(sess, app, need)
 	if err == nil {
 		return true
 	}
 	var denied *access.DeniedError
-	if errors.As(err, &denied) || errors.Is(err, access.ErrUnknownUser) {
+	var noApp *access.NoAppError
+	if errors.As(err, &noApp) || errors.As(err, &denied) || errors.Is(err, access.ErrUnknownUser) {
 		s.refuse(sess, err.Error())
 		return false
 	}
-	s.log.Error("authorizing", "remote_addr", sess.RemoteAddr().String(), "user", user, "app", app, "err", err)
+	s.log.Error("authorizing", "remote_addr", sess.RemoteAddr().String(), "user", userFrom(sess.Context()), "app", app, "err", err)
 	fmt.Fprintln(sess.Stderr(), "internal server error: could not check your access; the server log has details")
 	sess.Exit(1)
 	return false
+}
+
+// denial is nil when the session's user holds need on app. A user with no role on app at all
+// gets an *access.NoAppError, the same whether app exists or not; one with a lesser role the
+// *access.DeniedError naming the role they lack (they may read the app, so they know it
+// exists).
+func (s *Server) denial(sess ssh.Session, app string, need access.Role) error {
+	if s.access == nil {
+		return nil
+	}
+	user := userFrom(sess.Context())
+	err := s.access.Authorize(user, app, need)
+	var denied *access.DeniedError
+	if !errors.As(err, &denied) || s.access.Authorize(user, app, access.RoleRead) == nil {
+		return err
+	}
+	return &access.NoAppError{User: user, App: app, Need: need, SSH: s.hint(sess.LocalAddr()).Command()}
 }

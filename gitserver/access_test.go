@@ -230,14 +230,20 @@ func TestAccessRefusals(t *testing.T) {
 		}
 	})
 
+	// To a user without a role, an app and a missing one look alike: same words, same bytes.
 	t.Run("user without a role", func(t *testing.T) {
 		g := as.git(t, nora)
-		_, stderr, err := g.run("", "clone", as.sshURL("demo"), filepath.Join(t.TempDir(), "c"))
-		if err == nil || !strings.Contains(stderr, "user nora does not have the read role on app demo") {
+		into := filepath.Join(t.TempDir(), "c") // a refused clone leaves nothing there
+		_, stderr, err := g.run("", "clone", as.sshURL("demo"), into)
+		if err == nil || !strings.Contains(stderr, "no app named demo, or you (nora) have no role on it") {
 			t.Errorf("clone without a role: err %v, output:\n%s", err, stderr)
 		}
+		_, missing, _ := g.run("", "clone", as.sshURL("ghost"), into)
+		if got := strings.ReplaceAll(missing, "ghost", "demo"); got != stderr {
+			t.Errorf("clone of a missing app:\n%s\nclone of an existing app without a role:\n%s\nwant the same but for the name", missing, stderr)
+		}
 		_, stderr, err = g.run(work, "push", as.scpURL("demo"), "main")
-		if err == nil || !strings.Contains(stderr, "user nora does not have the deploy role on app demo") {
+		if err == nil || !strings.Contains(stderr, "no app named demo, or you (nora) have no role on it") || strings.Contains(stderr, "root") {
 			t.Errorf("push without a role: err %v, output:\n%s", err, stderr)
 		}
 	})
@@ -255,7 +261,7 @@ func TestAccessRefusals(t *testing.T) {
 		}
 		// rita may not push to it now that it exists.
 		_, stderr, err := as.git(t, rita).run(work, "push", as.scpURL("noras"), "main:other")
-		if err == nil || !strings.Contains(stderr, "user rita does not have the deploy role on app noras") {
+		if err == nil || !strings.Contains(stderr, "no app named noras, or you (rita) have no role on it") {
 			t.Errorf("push by rita to nora's app: err %v, output:\n%s", err, stderr)
 		}
 	})

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // HiddenRefPrefix is the ref namespace kpush keeps for itself (e.g.
@@ -78,7 +79,8 @@ func (s *Server) CreateRepo(ctx context.Context, app string) (string, error) {
 	if err := ValidAppName(app); err != nil {
 		return "", err
 	}
-	dir, created, err := s.createRepo(ctx, app, s.log.With("app", app))
+	dir, created, lock, err := s.createRepo(ctx, app, s.log.With("app", app))
+	lock.Close() // the caller records the app under its own lock (AppRecorder)
 	if err != nil {
 		return "", err
 	}
@@ -113,28 +115,32 @@ func (s *Server) DeleteRepo(app string) error {
 
 // ensureRepo returns app's repository, creating it when missing (createRepo).
 func (s *Server) ensureRepo(ctx context.Context, app string, log *slog.Logger) (string, error) {
-	dir, _, err := s.createRepo(ctx, app, log)
+	dir, _, lock, err := s.createRepo(ctx, app, log)
+	lock.Close()
 	return dir, err
 }
 
 // createRepo returns app's repository, creating it when missing: `git init --bare` into a
 // temporary directory beside it, configured, then renamed into place, so a repository is
 // either absent or complete and two simultaneous first pushes end up in the same one.
-// created is true for the one call that put the repository in place.
-func (s *Server) createRepo(ctx context.Context, app string, log *slog.Logger) (dir string, created bool, err error) {
+// created is true for the one call that put the repository in place; that call gets the
+// repository already held (holdRepo's shared lock, taken before the rename), so that no
+// dropAbandoned removes it before its creator has pushed. The caller closes lock (nil when
+// not created).
+func (s *Server) createRepo(ctx context.Context, app string, log *slog.Logger) (dir string, created bool, lock *repoLock, err error) {
 	dir = s.repoDir(app)
 	if _, err := os.Stat(dir); err == nil {
-		return dir, false, nil
+		return dir, false, nil, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", false, fmt.Errorf("checking repository %s: %w", dir, err)
+		return "", false, nil, fmt.Errorf("checking repository %s: %w", dir, err)
 	}
 	tmp, err := os.MkdirTemp(s.reposDir, ".new-"+app+"-")
 	if err != nil {
-		return "", false, fmt.Errorf("creating repository for %s: %w", app, err)
+		return "", false, nil, fmt.Errorf("creating repository for %s: %w", app, err)
 	}
 	defer os.RemoveAll(tmp) // after a successful rename there is nothing left to remove
 	if err := s.runLocalGit(ctx, "", "init", "--quiet", "--bare", "--initial-branch=main", "--template=", tmp); err != nil {
-		return "", false, fmt.Errorf("creating repository for %s: %w", app, err)
+		return "", false, nil, fmt.Errorf("creating repository for %s: %w", app, err)
 	}
 	for _, kv := range append([][2]string{
 		{"receive.advertisePushOptions", "true"}, // push options reach the hook
@@ -147,17 +153,134 @@ func (s *Server) createRepo(ctx context.Context, app string, log *slog.Logger) (
 		{"receive.hideRefs", HiddenRefPrefix}, // pushes cannot touch kpush's own refs
 	}, fsckConfig...) {
 		if err := s.runLocalGit(ctx, tmp, "config", kv[0], kv[1]); err != nil {
-			return "", false, fmt.Errorf("configuring repository for %s: %w", app, err)
+			return "", false, nil, fmt.Errorf("configuring repository for %s: %w", app, err)
 		}
+	}
+	lock, err = lockDir(tmp, syscall.LOCK_SH) // the lock is the inode's: it moves with the rename
+	if err != nil {
+		return "", false, nil, fmt.Errorf("creating repository for %s: %w", app, err)
 	}
 	if err := os.Rename(tmp, dir); err != nil {
+		lock.Close()
 		if _, serr := os.Stat(filepath.Join(dir, "HEAD")); serr == nil {
-			return dir, false, nil // a simultaneous first push created it first
+			return dir, false, nil, nil // a simultaneous first push created it first
 		}
-		return "", false, fmt.Errorf("creating repository for %s: %w", app, err)
+		return "", false, nil, fmt.Errorf("creating repository for %s: %w", app, err)
 	}
 	log.Info("repository created", "dir", dir)
-	return dir, true, nil
+	return dir, true, lock, nil
+}
+
+// repoLock is an flock(2) of a repository's directory. Every push holds it shared from before
+// git receive-pack starts until after it has exited; dropAbandoned holds it exclusively, so
+// it never removes a repository a push (of any kpush process sharing the data dir) is using.
+type repoLock struct{ f *os.File }
+
+// lockDir opens dir and flocks it with how (syscall.LOCK_SH or LOCK_EX, possibly with
+// LOCK_NB).
+func lockDir(dir string, how int) (*repoLock, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &repoLock{f}, nil
+}
+
+// Close gives the lock up; a nil lock is none.
+func (l *repoLock) Close() {
+	if l != nil {
+		l.f.Close()
+	}
+}
+
+// errRepoGone is holdRepo's answer when the repository was removed (dropAbandoned) between
+// finding it and locking it.
+var errRepoGone = errors.New("the repository was removed meanwhile")
+
+// holdRepo takes the shared lock of the repository at dir for a push, and checks it is still
+// the repository at dir: else errRepoGone, and the caller looks again.
+func holdRepo(dir string) (*repoLock, error) {
+	l, err := lockDir(dir, syscall.LOCK_SH)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errRepoGone
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !l.isAt(dir) {
+		l.Close()
+		return nil, errRepoGone
+	}
+	return l, nil
+}
+
+// isAt reports whether the locked directory is (still) the one at dir.
+func (l *repoLock) isAt(dir string) bool {
+	held, err := l.f.Stat()
+	if err != nil {
+		return false
+	}
+	now, err := os.Stat(dir)
+	return err == nil && os.SameFile(held, now)
+}
+
+// AppRecorder is implemented by a Handler that keeps a record of every app
+// (receiver.Pipeline does): an app's repository without a ref is only removed while the app
+// has no record (dropAbandoned), and the record cannot be made meanwhile (apps:create makes
+// the repository a moment before the record).
+type AppRecorder interface {
+	// UnlessRecorded calls drop unless app has a record, while none can be made, and reports
+	// whether it called it.
+	UnlessRecorded(ctx context.Context, app string, drop func() error) (bool, error)
+}
+
+// dropAbandoned removes app's repository at dir, and every grant on app, when the repository
+// holds no ref, no push holds it (holdRepo) and the app was never created (AppRecorder): what
+// a first push leaves that ends before it created the app (the client disconnected, or sent
+// no ref update), or a server that stopped in the middle of one. Otherwise the name would stay
+// taken by an app that does not exist, administered by whoever tried. It reports whether it
+// removed them. The grants go first: a grant left behind would apply to the next creator's app.
+func (s *Server) dropAbandoned(ctx context.Context, app, dir string, log *slog.Logger) (bool, error) {
+	l, err := lockDir(dir, syscall.LOCK_EX|syscall.LOCK_NB)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.EWOULDBLOCK) {
+		return false, nil // gone already, or a push holds it: that push looks again when it ends
+	}
+	if err != nil {
+		return false, fmt.Errorf("locking the repository of %s: %w", app, err)
+	}
+	defer l.Close()
+	if !l.isAt(dir) {
+		return false, nil
+	}
+	refs, err := s.outputLocalGit(ctx, dir, "for-each-ref", "--count=1", "--format=%(refname)")
+	if err != nil || len(bytes.TrimSpace(refs)) > 0 {
+		return false, err
+	}
+	drop := func() error {
+		if s.access != nil {
+			if err := s.access.RemoveApp(app); err != nil {
+				return fmt.Errorf("removing the grants on %s: %w", app, err)
+			}
+		}
+		return s.DeleteRepo(app)
+	}
+	dropped := true
+	if r, ok := s.handler.(AppRecorder); ok {
+		dropped, err = r.UnlessRecorded(ctx, app, drop)
+	} else {
+		err = drop()
+	}
+	if err != nil {
+		return false, err
+	}
+	if dropped {
+		log.Info("removed the empty repository and the grants of an app no push created")
+	}
+	return dropped, nil
 }
 
 // setHeadIfEmpty points HEAD of the repository at dir to the first branch in updates when

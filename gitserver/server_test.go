@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -531,9 +532,20 @@ func TestHandlerContextEndsWithConnection(t *testing.T) {
 	case <-time.After(60 * time.Second):
 		t.Fatal("handler ctx not cancelled after the pusher disconnected")
 	}
+	// The refused first push leaves no ref, and its empty repository goes too once git has
+	// exited (TestAbandonedFirstPushLeavesNothing): wait for that, which also keeps the removal
+	// from racing the test's own cleanup of the data dir.
 	dir := filepath.Join(ts.dataDir, "repos", "gone.git")
-	if got := serverGit(t, dir, "for-each-ref"); got != "" {
-		t.Errorf("refs after an abandoned push: %q, want none", got)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if got, err := exec.Command("git", "--git-dir="+dir, "for-each-ref").Output(); err == nil && len(got) > 0 {
+			t.Fatalf("refs after an abandoned push: %q, want none", got)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the repository of the abandoned first push is still there after 30s")
+		}
 	}
 }
 

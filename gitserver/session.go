@@ -165,8 +165,13 @@ func (s *Server) handleSession(sess ssh.Session) {
 // WithCommandHandler's answer, or a refusal without one.
 func (s *Server) runCommand(ctx ssh.Context, sess ssh.Session, raw string) int {
 	if s.commands != nil {
-		args := sess.Command()
-		if len(args) == 0 { // blank, or gliderlabs' shell split failed
+		args, err := splitCommandLine(raw, s.hint(sess.LocalAddr()).Command())
+		if err != nil {
+			s.log.Info("refused command", "remote_addr", ctx.RemoteAddr().String(), "user", userFrom(ctx), "err", err)
+			fmt.Fprintln(forTerminal(sess, sess.Stderr()), err)
+			return 1
+		}
+		if len(args) == 0 {
 			fmt.Fprintf(forTerminal(sess, sess.Stderr()), "no command in %q: run help for the list of commands\n", raw)
 			return 1
 		}
@@ -174,8 +179,9 @@ func (s *Server) runCommand(ctx ssh.Context, sess ssh.Session, raw string) int {
 		log := s.log.With("user", userFrom(ctx), "remote_addr", ctx.RemoteAddr().String(), "command", word)
 		log.Info("command started")
 		start := time.Now()
+		_, _, isPty := sess.Pty()
 		code := s.commands.RunCommand(ctx, &Command{User: userFrom(ctx), Args: args, Addr: s.hint(sess.LocalAddr()).Addr(),
-			Stdin: sess, Stdout: forTerminal(sess, sess), Stderr: forTerminal(sess, sess.Stderr())})
+			Stdin: sess, Terminal: isPty, Stdout: forTerminal(sess, sess), Stderr: forTerminal(sess, sess.Stderr())})
 		log.Info("command finished", "exit_status", code, "duration", time.Since(start))
 		return code
 	}
@@ -211,35 +217,24 @@ func (s *Server) receivePack(sess ssh.Session, app string) int {
 	ctx := sess.Context()
 	id, token := newID(8), newID(24)
 	log := s.log.With("push_id", id, "app", app, "user", userFrom(ctx), "remote_addr", sess.RemoteAddr().String())
-	dir, exists := s.RepoDir(app)
-	if exists && !s.authorize(sess, app, access.RoleDeploy) {
+	dir, created, lock, ok := s.repoForPush(sess, app, log, id)
+	if !ok {
 		return 1
 	}
-	if !exists {
-		// Any registered user may create an app by pushing to it and becomes its admin; if
-		// someone else created it meanwhile, this is an ordinary push to their app.
-		var (
-			created bool
-			err     error
-		)
-		dir, created, err = s.createRepo(ctx, app, log)
+	defer func() {
+		lock.Close()
+		// A first push that ended without creating the app (no ref update reached the
+		// handler, or it recorded no app) leaves nothing behind: not the name taken.
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		dropped, err := s.dropAbandoned(dctx, app, dir, log)
 		if err != nil {
-			log.Error("creating repository", "err", err)
-			fmt.Fprintf(sess.Stderr(), "could not create the repository for app %s (push ID %s); the server log has details\n", app, id)
-			return 1
+			log.Error("removing the empty repository of an app no push created", "err", err)
+		} else if dropped && created {
+			fmt.Fprintf(sess.Stderr(), "app %s was not created: the push stored no branch; push one to create it, e.g.: git push %s main\n",
+				app, s.hint(sess.LocalAddr()).RemoteURL(app))
 		}
-		switch {
-		case created && s.access != nil:
-			if err := s.access.SetGrant(app, userFrom(ctx), access.RoleAdmin); err != nil {
-				log.Error("granting the admin role to the creator of an app", "err", err)
-				fmt.Fprintf(sess.Stderr(), "could not make you admin of the new app %s (push ID %s); the server log has details\n", app, id)
-				return 1
-			}
-			log.Info("app created by push; its pusher is its admin")
-		case !created && !s.authorize(sess, app, access.RoleDeploy):
-			return 1
-		}
-	}
+	}()
 	ps := &pushState{id: id, token: token, app: app, dir: dir, user: userFrom(ctx), ctx: ctx, log: log,
 		claimed: make(chan struct{}), done: make(chan struct{})}
 	s.mu.Lock()
@@ -269,16 +264,75 @@ func (s *Server) receivePack(sess ssh.Session, app string) int {
 	return code
 }
 
+// repoForPush returns app's repository for a push by the session's user, held (holdRepo)
+// until the caller closes lock: the existing one when they hold the deploy role on it, else a
+// new one they become admin of. An empty repository of an app nobody created, which another
+// user's first push left when the server stopped in its middle, is removed first
+// (dropAbandoned). When it returns false it has told the client why and exited.
+func (s *Server) repoForPush(sess ssh.Session, app string, log *slog.Logger, id string) (dir string, created bool, lock *repoLock, ok bool) {
+	ctx := sess.Context()
+	for range 3 { // again when a repository is removed between finding and holding it
+		dir, exists := s.RepoDir(app)
+		if exists && s.denial(sess, app, access.RoleDeploy) != nil {
+			if dropped, err := s.dropAbandoned(ctx, app, dir, log); err != nil {
+				log.Error("removing the empty repository of an app no push created", "err", err)
+			} else if dropped {
+				exists = false
+			}
+		}
+		if exists {
+			if !s.authorize(sess, app, access.RoleDeploy) {
+				return "", false, nil, false
+			}
+			lock, err := holdRepo(dir)
+			if errors.Is(err, errRepoGone) {
+				continue
+			}
+			if err != nil {
+				log.Error("locking the repository", "err", err)
+				fmt.Fprintf(sess.Stderr(), "could not open the repository of app %s (push ID %s); the server log has details\n", app, id)
+				return "", false, nil, false
+			}
+			return dir, false, lock, true
+		}
+		// Any registered user may create an app by pushing to it and becomes its admin; if
+		// someone else created it meanwhile, this is an ordinary push to their app.
+		dir, created, lock, err := s.createRepo(ctx, app, log)
+		if err != nil {
+			log.Error("creating repository", "err", err)
+			fmt.Fprintf(sess.Stderr(), "could not create the repository for app %s (push ID %s); the server log has details\n", app, id)
+			return "", false, nil, false
+		}
+		if !created {
+			continue // someone else's: look again
+		}
+		if s.access != nil {
+			if err := s.access.SetGrant(app, userFrom(ctx), access.RoleAdmin); err != nil {
+				lock.Close()
+				log.Error("granting the admin role to the creator of an app", "err", err)
+				fmt.Fprintf(sess.Stderr(), "could not make you admin of the new app %s (push ID %s); the server log has details\n", app, id)
+				return "", false, nil, false
+			}
+			log.Info("app created by push; its pusher is its admin")
+		}
+		return dir, true, lock, true
+	}
+	log.Error("the repository kept changing while the push looked for it")
+	fmt.Fprintf(sess.Stderr(), "could not open the repository of app %s (push ID %s): it changed while the push started; push again\n", app, id)
+	return "", false, nil, false
+}
+
 func (s *Server) uploadPack(sess ssh.Session, app string) int {
 	ctx := sess.Context()
 	log := s.log.With("app", app, "user", userFrom(ctx), "remote_addr", sess.RemoteAddr().String())
+	// The role first: to people without one, a missing app and another's look the same.
+	if !s.authorize(sess, app, access.RoleRead) {
+		return 1
+	}
 	dir, exists := s.RepoDir(app)
 	if !exists {
 		log.Info("fetch of missing app")
 		fmt.Fprintf(sess.Stderr(), "app %s does not exist; a first git push creates it\n", app)
-		return 1
-	}
-	if !s.authorize(sess, app, access.RoleRead) {
 		return 1
 	}
 	log.Info("fetch started")

@@ -123,3 +123,21 @@ func (p *Pipeline) repository(app string) (*gitserver.Repository, bool) {
 	}
 	return repo, true
 }
+
+var _ gitserver.AppRecorder = (*Pipeline)(nil)
+
+// UnlessRecorded calls drop unless app has a record, holding the app's release lock, which
+// Create holds from making the repository to recording the app: the git server removes
+// through it the empty repository and grants of a first push that ended without creating the
+// app, and must not remove those of an apps:create in its middle.
+func (p *Pipeline) UnlessRecorded(ctx context.Context, app string, drop func() error) (bool, error) {
+	unlock, err := p.Store.LockRelease(ctx, app, "removing the empty repository of an app never created", nil)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	if _, err := p.Store.App(app); !errors.Is(err, ErrNoApp) {
+		return false, err
+	}
+	return true, drop()
+}

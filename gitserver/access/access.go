@@ -75,3 +75,19 @@ func (e *DeniedError) Error() string {
 	return fmt.Sprintf("user %s does not have the %s role on app %s; ask an admin of %s to run: apps:grant %s %s %s",
 		e.User, e.Need, e.App, e.App, e.App, e.User, e.Need)
 }
+
+// NoAppError is what a user with no role on an app is told, whether the app exists or not:
+// that there is no app of that name or they have no role on it. Whether an app exists, and so
+// who administers it, is not revealed to people who may not read it; git, the SSH commands and
+// their errors all say this, in the same words. SSH is how people reach the server ("ssh -p
+// 2222 git@127.0.0.1"), for the hint.
+type NoAppError struct {
+	User, App string
+	Need      Role // the role the refused operation needs, for the grant an admin would run
+	SSH       string
+}
+
+func (e *NoAppError) Error() string {
+	return fmt.Sprintf("no app named %s, or you (%s) have no role on it; `%s apps` lists yours. If it exists, an admin of it can run: apps:grant %s %s %s",
+		e.App, e.User, e.SSH, e.App, e.User, e.Need)
+}

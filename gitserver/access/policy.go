@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	gossh "golang.org/x/crypto/ssh"
+
+	"kpush.dev/kpush/internal/term"
 )
 
 // MinRSABits is the smallest RSA modulus AddKey accepts.
@@ -78,7 +80,7 @@ func ParseKey(line []byte) (gossh.PublicKey, string, error) {
 			first = append(first[:40:40], "..."...)
 		}
 		if bytes.HasPrefix(first, []byte("ssh-")) || bytes.HasPrefix(first, []byte("ecdsa-")) || bytes.HasPrefix(first, []byte("sk-")) {
-			return nil, "", fmt.Errorf("cannot read the %s public key: %v; %s", first, err, acceptedList)
+			return nil, "", fmt.Errorf("cannot read the %s public key: %v; %s", term.Sanitize(string(first)), err, acceptedList)
 		}
 		return nil, "", fmt.Errorf("not an OpenSSH public key (want one line like \"ssh-ed25519 AAAA... you@host\", the content of a .pub file); %s", acceptedList)
 	}

@@ -1,8 +1,11 @@
 package commands
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -94,7 +97,17 @@ func (inv *invocation) keysAdd(cmd *cobra.Command, a []string) error {
 	if err != nil {
 		return err
 	}
-	line, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), maxKeyInput+1))
+	send := fmt.Sprintf("%s keys:add %s < ~/.ssh/id_ed25519.pub", inv.h.ssh(), a[0])
+	if cmd.Flags().Changed("user") {
+		send = fmt.Sprintf("%s keys:add %s --user %s < %s.pub", inv.h.ssh(), a[0], user, user)
+	}
+	if inv.terminal {
+		return fmt.Errorf("keys:add reads the public key from stdin, and with ssh -t that is your terminal; send the .pub file instead:\n  %s", send)
+	}
+	line, err := readKey(cmd.Context(), cmd.InOrStdin(), keyWait)
+	if errors.Is(err, errNoKeyArrived) {
+		return fmt.Errorf("no public key arrived on stdin within %s; keys:add reads one from stdin, send the .pub file:\n  %s", keyWait, send)
+	}
 	if err != nil {
 		return fmt.Errorf("reading the public key from stdin: %w", err)
 	}
@@ -107,6 +120,65 @@ func (inv *invocation) keysAdd(cmd *cobra.Command, a []string) error {
 	}
 	fmt.Fprintf(cmd.OutOrStdout(), "added %s key %s (%s) for %s\n", k.Type, k.Name, k.Fingerprint, user)
 	return nil
+}
+
+// keyWait is how long keys:add waits for the first byte of a key on stdin: someone who ran it
+// without "< key.pub" would otherwise wait for nothing, ssh forwarding their silent terminal.
+var keyWait = 10 * time.Second
+
+// keyRead bounds the whole read once a key started to arrive.
+const keyRead = time.Minute
+
+var errNoKeyArrived = errors.New("no public key arrived on stdin")
+
+// readKey reads stdin to its end (at most maxKeyInput+1 bytes), or gives up with
+// errNoKeyArrived when nothing at all came within wait.
+func readKey(ctx context.Context, stdin io.Reader, wait time.Duration) ([]byte, error) {
+	type result struct {
+		b   []byte
+		err error
+	}
+	first := make(chan struct{})
+	done := make(chan result, 1)
+	go func() { // left blocked on stdin when it gives up: the session's end unblocks it
+		b, err := io.ReadAll(&notifyReader{r: io.LimitReader(stdin, maxKeyInput+1), first: first})
+		done <- result{b, err}
+	}()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.b, r.err
+	case <-first:
+	case <-timer.C:
+		return nil, errNoKeyArrived
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+	select {
+	case r := <-done:
+		return r.b, r.err
+	case <-time.After(keyRead):
+		return nil, fmt.Errorf("the key was still arriving after %s", keyRead)
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// notifyReader closes first at the first byte read through it (or its end).
+type notifyReader struct {
+	r     io.Reader
+	first chan struct{}
+	once  bool
+}
+
+func (n *notifyReader) Read(p []byte) (int, error) {
+	k, err := n.r.Read(p)
+	if (k > 0 || err != nil) && !n.once {
+		n.once = true
+		close(n.first)
+	}
+	return k, err
 }
 
 func (inv *invocation) keysRemove(cmd *cobra.Command, a []string) error {
@@ -165,6 +237,10 @@ func (inv *invocation) appsGrant(cmd *cobra.Command, a []string) error {
 	role, err := access.ParseRole(a[2])
 	if err != nil {
 		return err
+	}
+	// A grant on an app that does not exist would go to whoever creates it next.
+	if _, err := inv.h.Apps.App(app); err != nil {
+		return fmt.Errorf("cannot grant a role on %s: %w", app, err)
 	}
 	if err := inv.h.Access.SetGrant(app, user, role); err != nil {
 		return err

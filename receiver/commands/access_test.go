@@ -133,6 +133,13 @@ func TestAccessCommands(t *testing.T) {
 
 	// Grants: server admins and app admins.
 	ok(t, "root", "", "users:add", "eve")
+	refused(t, "root", "", "cannot grant a role on demo: app demo does not exist; create it with apps:create demo", "apps:grant", "demo", "bob", "admin")
+	if g := acc.Grants("demo"); len(g) != 0 {
+		t.Errorf("grants after apps:grant on a missing app: %+v", g)
+	}
+	if err := h.Apps.Store.CreateApp(&receiver.App{Name: "demo", Owner: "root"}); err != nil {
+		t.Fatal(err)
+	}
 	ok(t, "root", "", "apps:grant", "demo", "bob", "admin")
 	if out := ok(t, "bob", "", "apps:grant", "demo", "eve", "read"); !strings.Contains(out, "eve now has the read role on demo") {
 		t.Errorf("apps:grant output %q", out)

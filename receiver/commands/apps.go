@@ -2,6 +2,7 @@ package commands
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -107,7 +108,7 @@ func (inv *invocation) appsInfo(cmd *cobra.Command, a []string) error {
 	}
 	fmt.Fprintf(w, "Status:\t%s\n", v.Status)
 	if r := v.Latest; r != nil {
-		fmt.Fprintf(w, "Latest:\tv%d %s: %s %s\n", r.Version, r.Description, r.Phase(), r.Reason)
+		fmt.Fprintf(w, "Latest:\tv%d %s: %s %s\n", r.Version, r.Description, r.Phase(), strings.ReplaceAll(r.Reason, "\n", " "))
 	}
 	fmt.Fprintf(w, "URL:\t%s\n", orDash(v.URL))
 	fmt.Fprintf(w, "Config:\tv%d (%d vars)\n", v.Config.Version, len(v.Config.Env))

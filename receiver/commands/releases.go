@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"kpush.dev/kpush/internal/term"
 	"kpush.dev/kpush/receiver"
 )
 
@@ -108,7 +109,7 @@ func (inv *invocation) releasesInfo(cmd *cobra.Command, a []string) error {
 	}
 	fmt.Fprintf(w, "Config:\tv%d\n", r.ConfigVersion)
 	for _, k := range slices.Sorted(maps.Keys(r.Env)) {
-		fmt.Fprintf(w, "  %s\t%s\n", k, r.Env[k])
+		fmt.Fprintf(w, "  %s\t%s\n", k, term.Sanitize(r.Env[k])) // one line per var, as config shows them
 	}
 	fmt.Fprintf(w, "By:\t%s\n", r.User)
 	fmt.Fprintf(w, "When:\t%s\n", stamp(r.Created))

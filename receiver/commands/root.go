@@ -7,6 +7,7 @@
 package commands
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,6 +23,7 @@ import (
 
 	"kpush.dev/kpush/gitserver"
 	"kpush.dev/kpush/gitserver/access"
+	"kpush.dev/kpush/internal/term"
 	"kpush.dev/kpush/receiver"
 )
 
@@ -59,20 +61,27 @@ var _ gitserver.CommandHandler = (*Handler)(nil)
 // a message on c.Stderr otherwise; a usage error (unknown command, wrong arguments or flags)
 // adds a hint to run help.
 func (h *Handler) RunCommand(ctx context.Context, c *gitserver.Command) int {
-	inv := &invocation{h: h, user: c.User, addr: c.Addr}
+	inv := &invocation{h: h, user: c.User, addr: c.Addr, terminal: c.Terminal}
+	// Everything printed reaches a person's terminal: names, reasons, values and build logs
+	// that others wrote show their control characters escaped (term.SanitizeText). JSON
+	// needs nothing more: printJSON escapes every control character inside its strings.
+	stdout, stderr := term.NewWriter(c.Stdout), term.NewWriter(c.Stderr)
+	defer stdout.Flush()
+	defer stderr.Flush()
 	root := inv.root()
 	root.SetArgs(c.Args)
 	root.SetIn(c.Stdin)
-	root.SetOut(c.Stdout)
-	root.SetErr(c.Stderr)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
 	err := root.ExecuteContext(ctx)
+	stdout.Flush()
 	if err == nil {
 		return 0
 	}
 	err = inv.hideApps(err)
-	fmt.Fprintln(c.Stderr, strings.TrimRight(err.Error(), "\n"))
+	fmt.Fprintln(stderr, strings.TrimRight(err.Error(), "\n"))
 	if !inv.ran {
-		fmt.Fprintf(c.Stderr, "run `%s help` for the list of commands, `%s help COMMAND` for one\n", h.ssh(), h.ssh())
+		fmt.Fprintf(stderr, "run `%s help` for the list of commands, `%s help COMMAND` for one\n", h.ssh(), h.ssh())
 	}
 	return 1
 }
@@ -90,6 +99,8 @@ type invocation struct {
 	user string
 	addr string // host:port the client connected to ("" when unknown)
 	ran  bool   // arguments and flags were accepted; errors from here on are not usage errors
+	// terminal: the client asked for a PTY, so stdin is what a person types (keys:add refuses it)
+	terminal bool
 
 	secrets map[string][]string // per app, for readers: values to hide (secretsOf)
 }
@@ -243,8 +254,7 @@ func (inv *invocation) hideApps(err error) error {
 	if inv.h.Access.Authorize(inv.user, denied.App, access.RoleRead) == nil {
 		return err
 	}
-	return fmt.Errorf("no app named %s, or you (%s) have no role on it; `%s apps` lists yours. If it exists, an admin of it can run: apps:grant %s %s %s",
-		denied.App, inv.user, inv.h.ssh(), denied.App, inv.user, denied.Need)
+	return &access.NoAppError{User: inv.user, App: denied.App, Need: denied.Need, SSH: inv.h.ssh()}
 }
 
 // isAdmin reports whether the caller may see app's config values.
@@ -310,11 +320,38 @@ func wantJSON(cmd *cobra.Command) bool {
 	return v
 }
 
+// printJSON writes v as indented JSON. encoding/json escapes C0 controls in strings but not
+// DEL or the C1 controls (U+0080–U+009F), which terminals obey too: those are escaped here as
+// well ("\u009b"), so a value keeps its exact content and none reaches a terminal raw.
 func printJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, escapeJSONControls(b.String()))
+	return err
 }
+
+// escapeJSONControls writes DEL and the C1 controls of encoded JSON as \u escapes: outside
+// strings JSON has none, so every one is inside a string, where the escape means the same.
+func escapeJSONControls(s string) string {
+	if !strings.ContainsFunc(s, isC1OrDEL) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if isC1OrDEL(r) {
+			fmt.Fprintf(&b, `\u%04x`, r)
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+func isC1OrDEL(r rune) bool { return r >= 0x7f && r <= 0x9f }
 
 func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
