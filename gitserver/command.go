@@ -49,6 +49,9 @@ func (f CommandHandlerFunc) RunCommand(ctx context.Context, c *Command) int { re
 // quotes the words for both shells; never split some other way, which would store a value
 // other than the one meant.
 func splitCommandLine(raw, sshPrefix string) ([]string, error) {
+	if len(raw) > MaxCommandLine {
+		return nil, fmt.Errorf("the command line is %d bytes, over the limit of %d (72 KiB); nothing was run", len(raw), MaxCommandLine)
+	}
 	if !utf8.ValidString(raw) {
 		return nil, fmt.Errorf("the command line %q is not UTF-8; nothing was run", raw)
 	}
@@ -67,6 +70,11 @@ func splitCommandLine(raw, sshPrefix string) ([]string, error) {
 		"The server splits the command line like a shell, after your shell has removed its own quotes, so quote a value for both, e.g.:\n  %s %s",
 		raw, what, sshPrefix, term.Sanitize(quoteForBoth(raw)))
 }
+
+// MaxCommandLine bounds a command line kpush splits: room for the largest config a config:set
+// may store (64 KiB) and its command. go-shlex's split takes time quadratic in a word's length,
+// so a longer line is refused before it is split.
+const MaxCommandLine = 72 << 10
 
 // openQuote returns the quote character left open at the end of line ('\” or '"'), or 0,
 // by the POSIX rules go-shlex follows.

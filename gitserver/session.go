@@ -22,6 +22,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"kpush.dev/kpush/gitserver/access"
+	"kpush.dev/kpush/internal/term"
 )
 
 // Session requests refused on a session channel before gliderlabs sees them: gliderlabs
@@ -355,7 +356,11 @@ func (s *Server) runGitIO(ctx context.Context, sess ssh.Session, stdout, stderr 
 	cmd := exec.CommandContext(ctx, s.git, args...)
 	cmd.Env = env
 	cmd.Stdout = stdout
-	cmd.Stderr = stderr
+	// git's own messages can quote what the client sent (a ref name with control characters
+	// in "refusing to create funny ref"): shown escaped, like everything kpush prints.
+	errw := term.NewWriter(stderr)
+	defer errw.Flush()
+	cmd.Stderr = errw
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 10 * time.Second

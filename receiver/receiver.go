@@ -134,6 +134,11 @@ const OptionCancelOnDisconnect = "cancel-on-disconnect"
 // waits in the queue, replacing (superseding) any push waiting there; when its build ends
 // and a newer push, rebuild or rollback exists, it is not deployed ("superseded by vN").
 func (p *Pipeline) PreReceive(ctx context.Context, push *gitserver.Push, out io.Writer) error {
+	// Buildpacks' and apps' output, failure reasons, names: nothing reaches the pusher's
+	// terminal as a control sequence.
+	tw := term.NewWriter(out)
+	defer tw.Flush()
+	out = tw
 	log := p.logger().With("push_id", push.ID, "app", push.App, "user", push.User)
 	result := ops.PushRejected
 	defer func() { p.Metrics.PushFinished(result) }()

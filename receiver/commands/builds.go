@@ -3,6 +3,7 @@ package commands
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -68,7 +69,8 @@ func (inv *invocation) buildsOutput(cmd *cobra.Command, a []string) error {
 	follow, _ := cmd.Flags().GetBool("follow")
 	n := 0
 	if len(a) > 1 {
-		if _, err := fmt.Sscanf(strings.TrimPrefix(a[1], "#"), "%d", &n); err != nil || n < 1 {
+		var err error
+		if n, err = strconv.Atoi(strings.TrimPrefix(a[1], "#")); err != nil || n < 1 {
 			return errors.New("builds:output: N is a build number, e.g. 3 (list them with: builds " + a[0] + ")")
 		}
 	}
