@@ -146,8 +146,15 @@ func TestDevBuildStatesAndHiddenValues(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The destroy has the registry collect its garbage, which stops it for a moment.
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			_, err = remote.Head(ref, login)
+			if !errors.Is(err, syscall.ECONNREFUSED) || time.Now().After(deadline) {
+				break
+			}
+		}
 		var te *transport.Error
-		if _, err := remote.Head(ref, login); !errors.As(err, &te) || te.StatusCode != http.StatusNotFound {
+		if !errors.As(err, &te) || te.StatusCode != http.StatusNotFound {
 			t.Errorf("image %s after apps:destroy: %v, want 404", img, err)
 		}
 	}

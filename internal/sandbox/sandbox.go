@@ -346,6 +346,12 @@ func Start(ctx context.Context, spec Spec) (*Sandbox, error) {
 				return fail(fmt.Errorf("sandbox: finding the network namespace's user namespace: %w", err))
 			}
 			userns := os.NewFile(uintptr(nsfd), "userns")
+			// slirp4netns brings lo up too: only once bubblewrap has (its last step of setting
+			// up the namespace), or bubblewrap's own set-up of lo fails now and then.
+			if err := waitLoopbackUp(s.netns, s.done); err != nil {
+				userns.Close()
+				return fail(fmt.Errorf("sandbox: %w (%v)", err, s.exitErr()))
+			}
 			s.slirp, err = startSlirp(slirpPath, s.netns, userns, p.UID, p.GID, s.done)
 			userns.Close()
 			if err != nil {
@@ -429,35 +435,41 @@ func (s *Sandbox) DialContext(ctx context.Context, network, address string) (net
 	if s.netns == nil {
 		return nil, errors.New("sandbox: no network namespace of its own to dial into")
 	}
-	type result struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan result, 1)
+	var c net.Conn
+	err := inNetns(s.netns, func() (err error) {
+		// The socket keeps the namespace it was made in.
+		var d net.Dialer
+		c, err = d.DialContext(ctx, network, address)
+		return err
+	})
+	return c, err
+}
+
+// inNetns runs f on an OS thread of its own inside the network namespace netns: setns changes
+// only the calling thread.
+func inNetns(netns *os.File, f func() error) error {
+	ch := make(chan error, 1)
 	go func() {
-		// setns changes only this OS thread; the socket keeps the namespace it was made in.
 		runtime.LockOSThread()
 		self, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{nil, err}
+			ch <- err
 			return
 		}
 		defer self.Close()
-		if err := unix.Setns(int(s.netns.Fd()), unix.CLONE_NEWNET); err != nil {
+		if err := unix.Setns(int(netns.Fd()), unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			ch <- result{nil, fmt.Errorf("entering the sandbox's network namespace: %w", err)}
+			ch <- fmt.Errorf("entering the sandbox's network namespace: %w", err)
 			return
 		}
-		var d net.Dialer
-		c, err := d.DialContext(ctx, network, address)
+		err = f()
 		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()
 		} // else the thread stays locked and Go retires it with this goroutine
-		ch <- result{c, err}
+		ch <- err
 	}()
-	r := <-ch
-	return r.c, r.err
+	return <-ch
 }
 
 // child collects the descriptors a launched program inherits (firstExtraFD onwards, in order).

@@ -536,3 +536,38 @@ func BenchmarkSandboxRun(b *testing.B) {
 		})
 	}
 }
+
+// TestOutboundSandboxesStartSideBySide starts many outbound sandboxes at once: slirp4netns,
+// which brings lo up too, must not race bubblewrap's own set-up of lo ("loopback: Failed
+// RTM_NEWADDR" now and then when it did).
+func TestOutboundSandboxesStartSideBySide(t *testing.T) {
+	root, ids := busyboxRoot(t), testIDs(t)
+	const workers, each = 16, 40
+	errs := make(chan error, workers*each)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				var out bytes.Buffer
+				err := Run(context.Background(), Spec{Argv: []string{"/bin/true"}, Root: root, HostIDs: ids, UID: 1000, GID: 1000,
+					Network: NetOutbound, Stdout: &out, Stderr: &out})
+				if err != nil {
+					errs <- fmt.Errorf("%v: %s", err, out.String())
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 3 {
+			t.Error(err)
+		}
+	}
+	if n > 0 {
+		t.Errorf("%d of %d sandboxes failed to start", n, workers*each)
+	}
+}
