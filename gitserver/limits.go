@@ -15,11 +15,13 @@ import (
 // Defaults of the connection limits (WithHandshakeTimeout, WithIdleTimeout, WithMaxAuthTries,
 // WithUnauthenticatedLimits, WithKeepalive).
 const (
-	DefaultHandshakeTimeout        = 30 * time.Second
-	DefaultIdleTimeout             = 10 * time.Minute
-	DefaultMaxAuthTries            = 6
-	DefaultMaxUnauthenticated      = 64
-	DefaultMaxUnauthenticatedPerIP = 8
+	DefaultHandshakeTimeout = 30 * time.Second
+	DefaultIdleTimeout      = 10 * time.Minute
+	DefaultMaxAuthTries     = 6
+	// A CI farm behind one NAT starts dozens of pushes at once from one address; the
+	// handshake deadline bounds what a connection that never authenticates costs.
+	DefaultMaxUnauthenticated      = 256
+	DefaultMaxUnauthenticatedPerIP = 64
 	DefaultKeepaliveInterval       = 15 * time.Second
 	DefaultKeepaliveMaxMissed      = 3
 )

@@ -244,7 +244,7 @@ func WithMaxAuthTries(n int) Option {
 // WithUnauthenticatedLimits caps the connections that have not authenticated yet: total in
 // all, perIP from one source IP address. A connection over either limit is closed at once and
 // logged (Warn, with remote_addr and the limit, at most one line per limit every 10 s).
-// Default DefaultMaxUnauthenticated (64) and DefaultMaxUnauthenticatedPerIP (8).
+// Default DefaultMaxUnauthenticated (256) and DefaultMaxUnauthenticatedPerIP (64).
 func WithUnauthenticatedLimits(total, perIP int) Option {
 	return func(c *config) error {
 		if err := validLimit("WithUnauthenticatedLimits", "total", total); err != nil {
