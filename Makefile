@@ -4,7 +4,7 @@ GO ?= go
 export KPUSH_TOOLS := $(CURDIR)/.tools/bin
 KPUSH_DATA ?= $(HOME)/.kpush
 
-.PHONY: all tools build image dev test bench verify clean
+.PHONY: all tools build image dev test fuzz bench verify clean
 
 all: build
 
@@ -32,10 +32,17 @@ dev: build
 		echo "kpush: created the SSH key $(HOME)/.ssh/id_ed25519 for git push"; }
 	bin/kpush dev --data $(KPUSH_DATA)
 
-## test: every test, unit to end-to-end, against real git, SSH, lifecycle, registry and kube-apiserver
+## test: every test, unit to end-to-end, against real git, SSH, lifecycle, registry and kube-apiserver,
+## then every fuzz target for a bounded time (see fuzz)
 test: tools
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 40m ./...
+	@GO=$(GO) tools/fuzz.sh
+
+## fuzz: run every fuzz target (go test -fuzz), one at a time, KPUSH_FUZZTIME each (default 10s);
+## FUZZ_PKGS=./gitserver/... picks packages
+fuzz:
+	@GO=$(GO) tools/fuzz.sh $(FUZZ_PKGS)
 
 ## bench: benchmarks, side by side with native git where it applies
 bench: tools

@@ -16,11 +16,12 @@ const maxLine = 64 << 10
 // links) and two-byte ESC sequences.
 var escapes = regexp.MustCompile(`\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])`)
 
-// cleanLine removes terminal escapes and control characters other than tab.
+// cleanLine removes terminal escapes and control characters other than tab: C0, DEL and C1
+// (U+0080–U+009F, where U+009B is a one-character CSI).
 func cleanLine(b []byte) string {
 	b = escapes.ReplaceAll(b, nil)
 	return strings.Map(func(r rune) rune {
-		if r == '\t' || r >= 0x20 && r != 0x7f {
+		if r == '\t' || r >= 0x20 && r != 0x7f && (r < 0x80 || r > 0x9f) {
 			return r
 		}
 		return -1

@@ -321,6 +321,10 @@ func pushOptions(env map[string]string) []string {
 	if err != nil || n <= 0 {
 		return nil
 	}
+	if n > 1<<20 { // one variable per option: a count this large is a corrupt environment
+		return nil
+	}
+
 	opts := make([]string, 0, n)
 	for i := range n {
 		opts = append(opts, env["GIT_PUSH_OPTION_"+strconv.Itoa(i)])

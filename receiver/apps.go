@@ -69,6 +69,11 @@ func (p *Pipeline) Create(ctx context.Context, app, user string) (*App, error) {
 	}
 	a, err := p.ensureApp(app, user, "", true)
 	if err != nil {
+		if p.Repos != nil {
+			if derr := p.Repos.DeleteRepo(app); derr != nil {
+				err = errors.Join(err, derr)
+			}
+		}
 		return nil, p.internal(app, "recording the app", err)
 	}
 	return a, nil

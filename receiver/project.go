@@ -20,6 +20,7 @@ import (
 
 	"kpush.dev/kpush/buildpack"
 	"kpush.dev/kpush/internal/names"
+	"kpush.dev/kpush/internal/term"
 )
 
 // ProjectFile is the project descriptor kpush reads at the root of the pushed tree, as pack
@@ -61,7 +62,16 @@ func (p *Pipeline) project(log *slog.Logger, src string, buildEnv map[string]str
 // returns appEnv unchanged and prints nothing. The error is for people: a malformed file
 // (pack's message and the line to fix), an unusable group or env name, or a failure to
 // prune the tree.
-func applyProject(dir string, appEnv map[string]string, bps []buildpack.GroupEntry, canList bool, out io.Writer) (projectBuild, error) {
+func applyProject(dir string, appEnv map[string]string, bps []buildpack.GroupEntry, canList bool, out io.Writer) (_ projectBuild, err error) {
+	// What it prints and refuses quotes the pusher's project.toml: shown escaped.
+	tw := term.NewWriter(out)
+	defer tw.Flush()
+	out = tw
+	defer func() {
+		if err != nil {
+			err = errors.New(term.SanitizeText(err.Error()))
+		}
+	}()
 	pb := projectBuild{Env: cloneEnv(appEnv)}
 	d, ok, err := readProject(dir, out)
 	if err != nil || !ok {

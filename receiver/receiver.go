@@ -322,6 +322,10 @@ func (p *Pipeline) ensureApp(app, user, branch string, grant bool) (*App, error)
 		}
 		if grant && p.Access != nil {
 			if err := p.Access.SetGrant(app, user, access.RoleAdmin); err != nil {
+				// No app without an admin (the creator was removed meanwhile, say).
+				if rerr := p.Store.RemoveApp(app); rerr != nil {
+					err = errors.Join(err, rerr)
+				}
 				return nil, fmt.Errorf("granting admin on %s to its creator %s: %w", app, user, err)
 			}
 		}
@@ -341,8 +345,8 @@ func (p *Pipeline) ensureApp(app, user, branch string, grant bool) (*App, error)
 	return a, nil
 }
 
-// buildAndDeploy builds rel.Commit of repo (seeing the push's quarantine during a push) with the app's build env, then deploys it as release rel with the
-// app's config as it is then. l is the app's build lease, held by the caller. The build
+// buildAndDeploy builds rel.Commit of repo (seeing the push's quarantine during a push) with
+// the app's build env, then deploys it as release rel with the app's config as it is then. l is the app's build lease, held by the caller. The build
 // outlives ctx (the pusher going away) unless cancelOnDisconnect; losing l or builds:cancel
 // stops it. Everything written to out from here on also goes to the build log. The returned
 // error is phrased for people; the release and build records say how it ended.

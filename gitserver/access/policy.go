@@ -80,7 +80,8 @@ func ParseKey(line []byte) (gossh.PublicKey, string, error) {
 			first = append(first[:40:40], "..."...)
 		}
 		if bytes.HasPrefix(first, []byte("ssh-")) || bytes.HasPrefix(first, []byte("ecdsa-")) || bytes.HasPrefix(first, []byte("sk-")) {
-			return nil, "", fmt.Errorf("cannot read the %s public key: %v; %s", term.Sanitize(string(first)), err, acceptedList)
+			// x/crypto's error can quote bytes it decoded from the key: escaped too.
+			return nil, "", fmt.Errorf("cannot read the %s public key: %s; %s", term.Sanitize(string(first)), term.Sanitize(err.Error()), acceptedList)
 		}
 		return nil, "", fmt.Errorf("not an OpenSSH public key (want one line like \"ssh-ed25519 AAAA... you@host\", the content of a .pub file); %s", acceptedList)
 	}
