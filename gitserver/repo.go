@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // HiddenRefPrefix is the ref namespace kpush keeps for itself (e.g.
@@ -245,7 +246,18 @@ type AppRecorder interface {
 // taken by an app that does not exist, administered by whoever tried. It reports whether it
 // removed them. The grants go first: a grant left behind would apply to the next creator's app.
 func (s *Server) dropAbandoned(ctx context.Context, app, dir string, log *slog.Logger) (bool, error) {
-	l, err := lockDir(dir, syscall.LOCK_EX|syscall.LOCK_NB)
+	// A push holds the lock shared for as long as it runs. So, for the moment between fork and
+	// exec, does any child process this process starts meanwhile (the descriptor is close-on-exec,
+	// the lock its open file's): a refusal that lasts is a push, one that passes was a child.
+	var l *repoLock
+	var err error
+	for try := 0; ; try++ {
+		l, err = lockDir(dir, syscall.LOCK_EX|syscall.LOCK_NB)
+		if !errors.Is(err, syscall.EWOULDBLOCK) || try == 10 {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.EWOULDBLOCK) {
 		return false, nil // gone already, or a push holds it: that push looks again when it ends
 	}
