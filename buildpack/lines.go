@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+
+	"kpush.dev/kpush/internal/term"
 )
 
 // maxLine is the longest line kept in memory; longer ones are written out in pieces.
@@ -16,16 +18,17 @@ const maxLine = 64 << 10
 // links) and two-byte ESC sequences.
 var escapes = regexp.MustCompile(`\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])`)
 
-// cleanLine removes terminal escapes and control characters other than tab: C0, DEL and C1
-// (U+0080–U+009F, where U+009B is a one-character CSI).
+// cleanLine removes terminal escapes (colours, titles) and the C0 controls and DEL other than
+// tab, and shows C1 controls (U+0080–U+009F; U+009B is a one-character CSI) escaped, as
+// term.Sanitize does: what is left is printable, and a line without any comes back as it was.
 func cleanLine(b []byte) string {
 	b = escapes.ReplaceAll(b, nil)
-	return strings.Map(func(r rune) rune {
-		if r == '\t' || r >= 0x20 && r != 0x7f && (r < 0x80 || r > 0x9f) {
+	return term.Sanitize(strings.Map(func(r rune) rune {
+		if r == '\t' || r >= 0x20 && r != 0x7f {
 			return r
 		}
 		return -1
-	}, string(b))
+	}, string(b)))
 }
 
 // lineSink writes whole, cleaned lines to out for any number of lineWriters, so that a
