@@ -351,12 +351,6 @@ func (s *Server) outputLocalGit(ctx context.Context, gitDir string, args ...stri
 		args = append([]string{"--git-dir=" + gitDir}, args...)
 	}
 	cmd := exec.CommandContext(ctx, s.git, args...)
-	cmd.Env = gitEnv(nil)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("running git %s: %w: %s", strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	return out, nil
+	cmd.Env = Env()
+	return run(cmd, args)
 }
