@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/anmitsu/go-shlex"
@@ -102,13 +103,40 @@ func openQuote(line string) rune {
 	return quote
 }
 
-// quoteForBoth is line, split at spaces, with every word holding a quote or a backslash put
-// in double quotes for the server (which keeps what is inside: `"A=it's"`), and the whole put
-// in double quotes for the local shell: "config:set demo \"A=it's\"".
+// intendedWords is how the hint reads a line whose quote is left open: the words before the
+// one holding the open quote, then that word and the rest of the line as one, the value people
+// meant ("KEY=it's me"), without the quote when it opened the word (`"KEY=x y`); any other
+// quote is kept, as a character of the value.
+// A line without an open quote is split at spaces.
+func intendedWords(line string) []string {
+	q := openQuote(line)
+	if q == 0 {
+		return strings.Fields(line)
+	}
+	i := strings.LastIndexByte(line, byte(q))
+	start := 0
+	if sp := strings.LastIndexFunc(line[:i], unicode.IsSpace); sp >= 0 {
+		_, n := utf8.DecodeRuneInString(line[sp:])
+		start = sp + n
+	}
+	rest := strings.TrimRightFunc(line[start:], unicode.IsSpace)
+	words := strings.Fields(line[:start])
+	if i == start { // it opened the word: the quoting people meant
+		rest = rest[1:]
+	}
+	if rest == "" { // the server's split keeps no empty word
+		return words
+	}
+	return append(words, rest)
+}
+
+// quoteForBoth is line's intended words, every one holding a quote, a backslash or a space put
+// in double quotes for the server (which keeps what is inside: `"A=it's me"`), and the whole
+// put in double quotes for the local shell: "config:set demo \"A=it's me\"".
 func quoteForBoth(line string) string {
-	words := strings.Fields(line)
+	words := intendedWords(line)
 	for i, w := range words {
-		if strings.ContainsAny(w, `'"\`) {
+		if strings.ContainsAny(w, "'\"\\") || strings.IndexFunc(w, unicode.IsSpace) >= 0 {
 			words[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(w) + `"`
 		}
 	}

@@ -30,7 +30,7 @@ func TestSplitCommandLine(t *testing.T) {
 	for _, c := range []struct{ raw, why, hint string }{
 		{"config:set demo KEY='unbalanced", "a ' quote is not closed", `"config:set demo \"KEY='unbalanced\""`},
 		{"config:set demo KEY=it's", "a ' quote is not closed", `"config:set demo \"KEY=it's\""`},
-		{`config:set demo "KEY=open`, `a " quote is not closed`, `"config:set demo \"\\\"KEY=open\""`},
+		{`config:set demo "KEY=open`, `a " quote is not closed`, `"config:set demo KEY=open"`},
 		{`config:set demo KEY=x\`, "ends in a backslash", `"config:set demo \"KEY=x\\\\\""`},
 		{"config:set demo KEY=\xff", "not UTF-8", ""},
 	} {
@@ -48,6 +48,7 @@ func TestSplitCommandLine(t *testing.T) {
 func TestQuoteForBothSurvivesBothShells(t *testing.T) {
 	for _, line := range []string{
 		"config:set demo KEY=it's", "config:set demo KEY='unbalanced", `config:set demo KEY="open`,
+		"config:set demo GREETING=it's me", `config:set demo "GREETING=hi  there`,
 		`config:set demo KEY=back\slash`, "config:set demo KEY=$HOME`id`", `config:set demo A=x\`,
 	} {
 		// printf %s with the suggestion as its argument prints what ssh would send.
@@ -56,8 +57,25 @@ func TestQuoteForBothSurvivesBothShells(t *testing.T) {
 			t.Fatalf("sh: %v", err)
 		}
 		got, err := splitCommandLine(string(sent), "ssh")
-		if want := strings.Fields(line); err != nil || !slices.Equal(got, want) {
+		if want := intendedWords(line); err != nil || !slices.Equal(got, want) {
 			t.Errorf("%q: the shell sends %q, which splits into %q, %v; want %q", line, sent, got, err, want)
+		}
+	}
+}
+
+func TestIntendedWordsKeepsTheValueWithAnOpenQuoteWhole(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want []string
+	}{
+		{"config:set demo GREETING=hi", []string{"config:set", "demo", "GREETING=hi"}},
+		{"config:set demo GREETING=it's me", []string{"config:set", "demo", "GREETING=it's me"}},
+		{`config:set demo "GREETING=hi  there`, []string{"config:set", "demo", "GREETING=hi  there"}},
+		{`config:set demo GREETING="hi there  `, []string{"config:set", "demo", `GREETING="hi there`}},
+		{"config:set demo A=1 B=it's", []string{"config:set", "demo", "A=1", "B=it's"}},
+	} {
+		if got := intendedWords(tc.line); !slices.Equal(got, tc.want) {
+			t.Errorf("intendedWords(%q) = %q, want %q", tc.line, got, tc.want)
 		}
 	}
 }

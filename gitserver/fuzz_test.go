@@ -261,7 +261,7 @@ func FuzzCommandLine(f *testing.F) {
 			t.Fatalf("splitCommandLine(%q) suggests %s, which sh refuses: %v", raw, quoteForBoth(raw), serr)
 		}
 		got, err := splitCommandLine(string(sent), prefix)
-		if want := strings.Fields(raw); err != nil || !slices.Equal(got, want) {
+		if want := intendedWords(raw); err != nil || !slices.Equal(got, want) {
 			t.Fatalf("splitCommandLine(%q) suggests %s; sh sends %q, which splits into %q, %v; want %q",
 				raw, quoteForBoth(raw), sent, got, err, want)
 		}

@@ -285,7 +285,8 @@ func (n activeNewChannel) Accept() (gossh.Channel, <-chan *gossh.Request, error)
 	if err != nil {
 		return ch, reqs, err
 	}
-	n.c.touch()
+	// Opening a channel is not activity: only data is (else empty channels, one every few
+	// seconds, would hold a connection forever).
 	return activeChannel{ch, n.c}, reqs, nil
 }
 

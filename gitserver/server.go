@@ -372,7 +372,7 @@ func New(h Handler, opts ...Option) (*Server, error) {
 			cfg := &gossh.ServerConfig{PublicKeyAuthAlgorithms: pubKeyAuthAlgorithms, MaxAuthTries: s.maxAuthTries}
 			if c, ok := ctx.Value(ctxKeyConn{}).(*guardedConn); ok {
 				cfg.AuthLogCallback = func(_ gossh.ConnMetadata, _ string, err error) {
-					if err == nil {
+					if registered, _ := ctx.Value(ctxKeyRegistered{}).(bool); err == nil && registered {
 						c.authenticated(ctx)
 					}
 				}
@@ -410,6 +410,10 @@ func New(h Handler, opts ...Option) (*Server, error) {
 // ctxKeyUser holds the user name Authenticate returned for the key the client logged in with.
 type ctxKeyUser struct{}
 
+// ctxKeyRegistered holds whether the last key the client offered (the one it logs in with) is
+// registered: only then does the connection leave the unauthenticated-connection gate.
+type ctxKeyRegistered struct{}
+
 func userFrom(ctx ssh.Context) string {
 	u, _ := ctx.Value(ctxKeyUser{}).(string)
 	return u
@@ -419,9 +423,14 @@ func (s *Server) authenticate(ctx ssh.Context, key ssh.PublicKey) bool {
 	if s.access != nil {
 		// Any key whose signature verifies gets in, so that the session can tell the owner of an
 		// unregistered key how to register it (identify). x/crypto checks the signature after
-		// this returns true.
+		// this returns true. Only a registered key takes the connection out of the
+		// unauthenticated-connection limits and handshake deadline: an unregistered one is told
+		// how to register and cut at the deadline, whatever it does meanwhile.
+		_, err := s.access.UserByKey(key)
+		ctx.SetValue(ctxKeyRegistered{}, err == nil)
 		return true
 	}
+	ctx.SetValue(ctxKeyRegistered{}, true)
 	user, err := s.auth.Authenticate(ctx, key)
 	if err != nil {
 		s.log.Info("refused public key", "remote_addr", ctx.RemoteAddr().String(),

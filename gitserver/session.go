@@ -27,6 +27,13 @@ import (
 
 // Session requests refused on a session channel before gliderlabs sees them: gliderlabs
 // accepts agent forwarding unconditionally.
+// maxEnvRequests and maxEnvRequest bound the environment a session may send (ssh SendEnv):
+// more, or larger, requests are refused. kpush reads only GIT_PROTOCOL.
+const (
+	maxEnvRequests = 16
+	maxEnvRequest  = 1 << 10
+)
+
 var refusedSessionRequests = map[string]string{
 	"auth-agent-req@openssh.com": "agent forwarding",
 	"x11-req":                    "X11 forwarding",
@@ -52,7 +59,26 @@ func (c filteredChannel) Accept() (gossh.Channel, <-chan *gossh.Request, error) 
 	out := make(chan *gossh.Request)
 	go func() {
 		defer close(out)
+		envs := 0
 		for req := range in {
+			switch {
+			case req.Type == "window-change":
+				// No terminal is allocated (PtyCallback): nothing to resize. gliderlabs hands
+				// every window change to a channel nobody reads, which blocks its request
+				// loop, and the session with it, for good.
+				if req.WantReply {
+					req.Reply(true, nil)
+				}
+				continue
+			case req.Type == "env" && (len(req.Payload) > maxEnvRequest || envs >= maxEnvRequests):
+				// Only GIT_PROTOCOL is used (gitEnv); gliderlabs keeps every one it is sent.
+				if req.WantReply {
+					req.Reply(false, nil)
+				}
+				continue
+			case req.Type == "env":
+				envs++
+			}
 			if what, refused := refusedSessionRequests[req.Type]; refused {
 				c.log.Info("refused "+what, "remote_addr", c.ctx.RemoteAddr().String(), "user", userFrom(c.ctx))
 				if req.WantReply {
