@@ -126,14 +126,14 @@ func (p *Pipeline) describeHolder(app string, h lease.Info) string {
 
 // holderMessage describes the build holding an app's lease for people waiting behind it,
 // with when the lease lapses should its holder have died: "build #3 by alice, abc1234,
-// running 35 s; its lease expires in 12 s unless renewed; an admin can run: ssh -p 2222
-// git@127.0.0.1 apps:unlock demo".
+// running 35 s; its lease expires in 12 s unless renewed; if it is stuck, an admin can run:
+// ssh -p 2222 git@127.0.0.1 apps:unlock demo".
 func (p *Pipeline) holderMessage(app string, h lease.Info) string {
 	msg := p.describeHolder(app, h)
 	if exp := h.ExpiresAt(); !exp.IsZero() {
 		msg += fmt.Sprintf("; its lease expires in %.0f s unless renewed", max(0, time.Until(exp).Round(time.Second).Seconds()))
 	}
-	return msg + fmt.Sprintf("; an admin can run: %s apps:unlock %s", p.sshHint(), app)
+	return msg + fmt.Sprintf("; if it is stuck, an admin can run: %s apps:unlock %s", p.sshHint(), app)
 }
 
 // sshHint is how people reach the server: "ssh -p 2222 git@127.0.0.1" (the gitserver.Hint

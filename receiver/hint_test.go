@@ -65,7 +65,7 @@ func TestSSHHintAgrees(t *testing.T) {
 			if got, wantMsg := unregisteredKeyMessage(t, l.Addr().String()), "ask an admin to run: "+want+" keys:add NAME --user USER < key.pub"; !strings.Contains(got, wantMsg) {
 				t.Errorf("unregistered key told %q, want %q", got, wantMsg)
 			}
-			if got, wantMsg := push(), "; an admin can run: "+want+" apps:unlock demo"; !strings.Contains(got, wantMsg) {
+			if got, wantMsg := push(), "; if it is stuck, an admin can run: "+want+" apps:unlock demo"; !strings.Contains(got, wantMsg) {
 				t.Errorf("queued push told:\n%s\nwant %q", got, wantMsg)
 			}
 		})

@@ -83,7 +83,7 @@ func TestDevBuildStatesAndHiddenValues(t *testing.T) {
 	if ra.code == 0 || !strings.Contains(ra.out, "v2 not deployed: superseded by v3 ("+b[:7]+" by alice); its build was cancelled") {
 		t.Errorf("push A: exit %d, want cancelled as superseded by v3:\n%s", ra.code, ra.out)
 	}
-	mustContain(t, rb.out, "v3 queued behind build #2 by alice", "expires in", "unless renewed; an admin can run: ssh -p "+port+" git@127.0.0.1 apps:unlock static",
+	mustContain(t, rb.out, "v3 queued behind build #2 by alice", "expires in", "unless renewed; if it is stuck, an admin can run: ssh -p "+port+" git@127.0.0.1 apps:unlock static",
 		"v2 would not be deployed after this newer push: its build is cancelled", "Released static v3")
 	builds := kpushOK(t, s, "builds", "static")
 	if !strings.Contains(builds, "#2") || !strings.Contains(builds, "cancelled") {
