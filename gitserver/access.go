@@ -51,8 +51,9 @@ func (s *Server) identify(sess ssh.Session) bool {
 	u, err := s.access.UserByKey(key)
 	switch {
 	case errors.Is(err, access.ErrUnknownKey):
-		s.refuse(sess, fmt.Sprintf("key %s is not registered; ask an admin to run: %s",
-			gossh.FingerprintSHA256(key), s.hint(sess.LocalAddr()).Command("keys:add NAME --user USER < key.pub")))
+		h := s.hint(sess.LocalAddr())
+		s.refuse(sess, fmt.Sprintf("key %s is not registered; ask an admin to run: %s\n(for a new user, first: %s)",
+			gossh.FingerprintSHA256(key), h.Command("keys:add NAME --user USER < key.pub"), h.Command("users:add USER")))
 		return false
 	case err != nil:
 		s.log.Error("looking up the user of a key", "remote_addr", sess.RemoteAddr().String(),

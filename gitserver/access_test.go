@@ -202,7 +202,8 @@ func TestAccessRefusals(t *testing.T) {
 	t.Run("unknown key", func(t *testing.T) {
 		stranger, _ := keygen(t, "ed25519", 0, "mallory")
 		want := "key " + fingerprint(t, stranger) + " is not registered; ask an admin to run: ssh -p " + as.port +
-			" git@127.0.0.1 keys:add NAME --user USER < key.pub\n"
+			" git@127.0.0.1 keys:add NAME --user USER < key.pub\n(for a new user, first: ssh -p " + as.port +
+			" git@127.0.0.1 users:add USER)\n"
 		_, stderr, err := as.git(t, stranger).run(work, "push", as.scpURL("demo"), "main")
 		if err == nil || !strings.Contains(stderr, want) {
 			t.Errorf("push with unknown key: err %v, output %q; want %q", err, stderr, want)

@@ -29,7 +29,7 @@ func (p *Pipeline) App(app string) (*App, error) {
 	}
 	a, err := p.Store.App(app)
 	if errors.Is(err, ErrNoApp) {
-		return nil, userErrorf("app %s does not exist; create it with apps:create %s or a git push", app, app)
+		return nil, userErrorf("app %s does not exist; create it with %s apps:create %s or a git push", app, p.sshHint(), app)
 	}
 	if err != nil {
 		return nil, p.internal(app, "reading the app", err)

@@ -39,7 +39,7 @@ func (p *Pipeline) BuildOutput(ctx context.Context, app string, n int, follow bo
 		n = bs[0].Number
 	}
 	if _, err := p.Store.Build(app, n); err != nil {
-		return userErrorf("app %s has no build #%d; list them with: builds %s", app, n, app)
+		return userErrorf("app %s has no build #%d; list them with: %s builds %s", app, n, p.sshHint(), app)
 	}
 	f, err := os.Open(p.Store.BuildLog(app, n))
 	if err != nil {

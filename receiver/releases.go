@@ -41,7 +41,7 @@ func (p *Pipeline) ReleaseInfo(app string, n int) (*Release, error) {
 	}
 	r, err := p.Store.Release(app, n)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, userErrorf("app %s has no release v%d; list them with: releases %s", app, n, app)
+		return nil, userErrorf("app %s has no release v%d; list them with: %s releases %s", app, n, p.sshHint(), app)
 	}
 	if err != nil {
 		return nil, p.internal(app, "reading the release", err)

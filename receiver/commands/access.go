@@ -220,7 +220,7 @@ func (inv *invocation) usersAdd(cmd *cobra.Command, a []string) error {
 	if u.Admin {
 		what = "server admin"
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "added %s %s; register their key with: keys:add NAME --user %s < key.pub\n", what, u.Name, u.Name)
+	fmt.Fprintf(cmd.OutOrStdout(), "added %s %s; register their key with: %s keys:add NAME --user %s < key.pub\n", what, u.Name, inv.h.ssh(), u.Name)
 	return nil
 }
 

@@ -133,7 +133,7 @@ func TestAccessCommands(t *testing.T) {
 
 	// Grants: server admins and app admins.
 	ok(t, "root", "", "users:add", "eve")
-	refused(t, "root", "", "cannot grant a role on demo: app demo does not exist; create it with apps:create demo", "apps:grant", "demo", "bob", "admin")
+	refused(t, "root", "", "cannot grant a role on demo: app demo does not exist; create it with ssh git@HOST apps:create demo", "apps:grant", "demo", "bob", "admin")
 	if g := acc.Grants("demo"); len(g) != 0 {
 		t.Errorf("grants after apps:grant on a missing app: %+v", g)
 	}

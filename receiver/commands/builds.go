@@ -71,7 +71,7 @@ func (inv *invocation) buildsOutput(cmd *cobra.Command, a []string) error {
 	if len(a) > 1 {
 		var err error
 		if n, err = strconv.Atoi(strings.TrimPrefix(a[1], "#")); err != nil || n < 1 {
-			return errors.New("builds:output: N is a build number, e.g. 3 (list them with: builds " + a[0] + ")")
+			return errors.New("builds:output: N is a build number, e.g. 3 (list them with: " + inv.h.ssh() + " builds " + a[0] + ")")
 		}
 	}
 	if inv.isAdmin(a[0]) {
