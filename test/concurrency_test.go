@@ -345,7 +345,7 @@ func TestDevSlowBuildNeverDeploysStale(t *testing.T) {
 	resA := pushBg(env, work, "A", "knative", "main")
 	g.waitStarted(t, "A")
 	resB := pushBg(env, other, "B", "origin", "main")
-	waitQueued(t, s, "static") // B waits behind A
+	waitQueued(t, s, "static", b) // B arrives while A builds
 	g.open("A")
 	ra, rb := <-resA, <-resB
 	close(stop)
@@ -367,24 +367,20 @@ func TestDevSlowBuildNeverDeploysStale(t *testing.T) {
 	checkRepo(t, dataDirOf(s), "static", []string{a, b})
 }
 
-// waitQueued waits until app's newest release is a push waiting for the app's build (pending,
-// no build of its own yet), as `releases --json` shows it: the pusher's own output is only read
-// at the end.
-func waitQueued(t *testing.T, s *server, app string) {
+// waitQueued waits until app has a release of the push of commit, as `releases --json` shows
+// it: from then on a build of an older push is not deployed (it is superseded), whether the
+// push still waits in the queue or, its predecessor cancelled, already builds. The pusher's own
+// output is only read at the end.
+func waitQueued(t *testing.T, s *server, app, commit string) {
 	t.Helper()
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
-		rels := releasesOf(t, s, app)
-		newest := rels[0]
-		for _, r := range rels {
-			if r.Version > newest.Version {
-				newest = r
+		for _, r := range releasesOf(t, s, app) {
+			if r.Kind == receiver.KindPush && r.Commit == commit {
+				return
 			}
 		}
-		if newest.Kind == receiver.KindPush && newest.Phase() == "queued" {
-			return
-		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no push of %s queued within 1m: newest release %+v", app, newest)
+			t.Fatalf("no release of %s's push of %s within 1m", app, commit)
 		}
 	}
 }

@@ -128,7 +128,7 @@ func TestServeTwoReplicasConcurrency(t *testing.T) {
 		resA := pushBg(env, work, "A", "r2", "main") // v4, built by replica 2
 		g.waitStarted(t, "A")
 		resB := pushBg(env, other, "B", "origin", "main") // v5, through replica 1
-		waitQueued(t, s1, "static")
+		waitQueued(t, s1, "static", b)
 		g.open("A")
 		ra, rb := <-resA, <-resB
 		checkHonest(t, ra)
