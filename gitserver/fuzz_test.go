@@ -13,21 +13,8 @@ import (
 	"github.com/anmitsu/go-shlex"
 
 	"kpush.dev/kpush/internal/names"
+	"kpush.dev/kpush/internal/term"
 )
-
-// printable reports whether s can be shown to a person as it is: UTF-8 with no control
-// character but newline and tab.
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if (r < 0x20 && r != '\n' && r != '\t') || (r >= 0x7f && r <= 0x9f) {
-			return false
-		}
-	}
-	return true
-}
 
 // sqQuote quotes s as git's sq_quote_buf does for the path of git-receive-pack 'PATH'.
 func sqQuote(s string) string {
@@ -70,7 +57,7 @@ func FuzzParseGitCommand(f *testing.F) {
 		if err := ValidAppName(path); (err == nil) != names.IsApp(path) {
 			t.Fatalf("ValidAppName(%q) = %v but names.IsApp = %v: the two rules disagree", path, err, names.IsApp(path))
 		} else if err != nil {
-			if msg := err.Error(); !printable(msg) || strings.Contains(msg, "\n") {
+			if msg := err.Error(); !term.Printable(msg) || strings.Contains(msg, "\n") {
 				t.Fatalf("ValidAppName(%q) error is not one printable line: %q", path, msg)
 			}
 		} else {
@@ -86,7 +73,7 @@ func FuzzParseGitCommand(f *testing.F) {
 		case !isGit && err != nil:
 			t.Fatalf("parseGitCommand(%q): not git, yet error %v", raw, err)
 		case isGit && err != nil:
-			if msg := err.Error(); !printable(msg) || strings.Contains(msg, "\n") {
+			if msg := err.Error(); !term.Printable(msg) || strings.Contains(msg, "\n") {
 				t.Fatalf("parseGitCommand(%q) error is not one printable line: %q", raw, msg)
 			}
 		case isGit:
@@ -158,7 +145,7 @@ func FuzzHookInput(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, stdin, count, opts string) {
 		if updates, err := parseRefUpdates(strings.NewReader(stdin)); err != nil {
-			if !printable(err.Error()) {
+			if !term.Printable(err.Error()) {
 				t.Fatalf("parseRefUpdates(%q) error is not printable: %q", stdin, err)
 			}
 		} else {
@@ -250,7 +237,7 @@ func FuzzCommandLine(f *testing.F) {
 			}
 			return
 		}
-		if !printable(err.Error()) {
+		if !term.Printable(err.Error()) {
 			t.Fatalf("splitCommandLine(%q) error is not printable: %q", raw, err)
 		}
 		if !utf8.ValidString(raw) || strings.ContainsRune(raw, 0) {

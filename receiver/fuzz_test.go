@@ -4,25 +4,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"unicode/utf8"
 
 	"kpush.dev/kpush/buildpack"
 	"kpush.dev/kpush/internal/names"
+	"kpush.dev/kpush/internal/term"
 )
-
-// printable reports whether s can be shown to a person as it is: UTF-8 with no control
-// character but newline and tab.
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if (r < 0x20 && r != '\n' && r != '\t') || (r >= 0x7f && r <= 0x9f) {
-			return false
-		}
-	}
-	return true
-}
 
 // FuzzValidEnvName checks the two env name rules against each other and names.IsEnv (which
 // project.toml's build env uses): a build-env name is exactly a POSIX name, a config name is
@@ -42,7 +28,7 @@ func FuzzValidEnvName(f *testing.F) {
 			t.Fatalf("ValidEnvName(%q) = %v; want accepted = %v", name, run, want)
 		}
 		for _, err := range []error{build, run} {
-			if err != nil && (!printable(err.Error()) || strings.Contains(err.Error(), "\n")) {
+			if err != nil && (!term.Printable(err.Error()) || strings.Contains(err.Error(), "\n")) {
 				t.Fatalf("env name %q: the error is not one printable line: %q", name, err)
 			}
 		}
@@ -81,12 +67,12 @@ func FuzzApplyProject(f *testing.F) {
 		before := treeFiles(t, dir)
 		var out strings.Builder
 		pb, err := applyProject(dir, appEnv, testBuildpacks, true, &out)
-		if !printable(out.String()) {
+		if !term.Printable(out.String()) {
 			t.Fatalf("applyProject(%q) told the pusher %q: not printable", project, out.String())
 		}
 		after := treeFiles(t, dir)
 		if err != nil {
-			if !printable(err.Error()) {
+			if !term.Printable(err.Error()) {
 				t.Fatalf("applyProject(%q) error is not printable: %q", project, err)
 			}
 			if !slices.Equal(after, before) {

@@ -9,24 +9,11 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	gossh "golang.org/x/crypto/ssh"
-)
 
-// printable reports whether s can be shown to a person as it is: UTF-8 with no control
-// character but newline and tab.
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if (r < 0x20 && r != '\n' && r != '\t') || (r >= 0x7f && r <= 0x9f) {
-			return false
-		}
-	}
-	return true
-}
+	"kpush.dev/kpush/internal/term"
+)
 
 // seedKey is the authorized_keys line of a fixed ed25519 key, for seeds.
 func seedKey(b byte) string {
@@ -53,7 +40,7 @@ func FuzzParseKey(f *testing.F) {
 	f.Fuzz(func(t *testing.T, line []byte) {
 		pub, _, err := ParseKey(line)
 		if err != nil {
-			if !printable(err.Error()) {
+			if !term.Printable(err.Error()) {
 				t.Fatalf("ParseKey(%q) error is not printable: %q", line, err)
 			}
 			return

@@ -30,9 +30,18 @@ func sanitize(s string, lines bool) string {
 
 func allowed(r rune, lines bool) bool { return r == '\t' || (lines && r == '\n') }
 
+// Printable reports whether s can be shown to a person as it is: UTF-8 with no control
+// character but newline and tab, as SanitizeText leaves any text.
+func Printable(s string) bool { return isClean(s, true) }
+
+// isClean reports whether s is UTF-8 without a control character (but tab, and newline when
+// lines), so that sanitizing it would change nothing.
 func isClean(s string, lines bool) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
 	for _, r := range s {
-		if r == utf8.RuneError || ((r < 0x20 || (r >= 0x7f && r <= 0x9f)) && !allowed(r, lines)) {
+		if (r < 0x20 || (r >= 0x7f && r <= 0x9f)) && !allowed(r, lines) {
 			return false
 		}
 	}

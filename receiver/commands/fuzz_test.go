@@ -8,26 +8,12 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unicode/utf8"
 
 	"github.com/anmitsu/go-shlex"
 
 	"kpush.dev/kpush/gitserver"
+	"kpush.dev/kpush/internal/term"
 )
-
-// printable reports whether s can be shown to a person as it is: UTF-8 with no control
-// character but newline and tab.
-func printable(s string) bool {
-	if !utf8.ValidString(s) {
-		return false
-	}
-	for _, r := range s {
-		if (r < 0x20 && r != '\n' && r != '\t') || (r >= 0x7f && r <= 0x9f) {
-			return false
-		}
-	}
-	return true
-}
 
 // FuzzParseAssignments checks the KEY=VALUE parser of config:set and build-env:set on any
 // arguments (args, split at NUL, which no SSH argument holds): it accepts exactly the lists
@@ -54,7 +40,7 @@ func FuzzParseAssignments(f *testing.F) {
 			t.Fatalf("parseAssignments(%q) = %v, %v", a, set, err)
 		}
 		if err != nil {
-			if !printable(err.Error()) {
+			if !term.Printable(err.Error()) {
 				t.Fatalf("parseAssignments(%q) error is not printable: %q", a, err)
 			}
 			return
@@ -133,9 +119,9 @@ func FuzzRunCommand(f *testing.F) {
 			t.Fatalf("%s ran %q: exit status %d", user, args, code)
 		case code == 1 && strings.TrimSpace(stderr.String()) == "":
 			t.Fatalf("%s ran %q: exit status 1 and nothing on stderr", user, args)
-		case !printable(stderr.String()):
+		case !term.Printable(stderr.String()):
 			t.Fatalf("%s ran %q: stderr is not printable: %q", user, args, stderr.String())
-		case !printable(stdout.String()):
+		case !term.Printable(stdout.String()):
 			t.Fatalf("%s ran %q: stdout is not printable: %q", user, args, stdout.String())
 		}
 		if user == "rita" || user == "mallory" {
