@@ -26,28 +26,23 @@ func slirp4netnsPath() (string, error) {
 // loopback in a new namespace (address, then up) while kpush reads its PID. It fails when
 // done (the sandbox's exit) closes first, or after 10 s.
 func waitLoopbackUp(netns *os.File, done <-chan struct{}) error {
-	deadline := time.Now().Add(10 * time.Second)
-	for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
-		var up bool
-		if err := inNetns(netns, func() error {
-			lo, err := net.InterfaceByName("lo")
-			up = err == nil && lo.Flags&net.FlagUp != 0
-			return nil
-		}); err != nil {
-			return err
+	// One thread enters the namespace once and polls there.
+	return inNetns(netns, func() error {
+		deadline := time.Now().Add(10 * time.Second)
+		for delay := 100 * time.Microsecond; ; delay = min(2*delay, 10*time.Millisecond) {
+			if lo, err := net.InterfaceByName("lo"); err == nil && lo.Flags&net.FlagUp != 0 {
+				return nil
+			}
+			select {
+			case <-done:
+				return errors.New("bubblewrap exited while setting up the network namespace")
+			case <-time.After(delay):
+			}
+			if time.Now().After(deadline) {
+				return errors.New("the sandbox's loopback interface was not up within 10s")
+			}
 		}
-		if up {
-			return nil
-		}
-		select {
-		case <-done:
-			return errors.New("bubblewrap exited while setting up the network namespace")
-		case <-time.After(delay):
-		}
-		if time.Now().After(deadline) {
-			return errors.New("the sandbox's loopback interface was not up within 10s")
-		}
-	}
+	})
 }
 
 // startSlirp attaches slirp4netns to the network namespace netns (owned by the user
